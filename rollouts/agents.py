@@ -1,0 +1,315 @@
+"""The agent loop: run_agent -> run_agent_step -> rollout + process_pending_tools.
+
+Every function takes a frozen state and returns a new one. Tool calls run in order; problems
+with a call (unknown tool, arguments that are not JSON or do not fit the schema, a tool that
+raises) become error tool results sent back to the model. Cancellation always propagates; what
+must be recorded on abort is recorded in a shielded scope.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import trio
+
+from rollouts._schema import argument_errors
+from rollouts.dtypes import Actor, AgentState, Message, StopReason, Tool, ToolCall, ToolResult, now_iso
+from rollouts.environments.base import Environment, clone_environment, environment_type_name
+from rollouts.errors import AuthenticationError, ContextTooLongError, ProviderError
+from rollouts.events import OnChunk, StreamEvent, ToolExecutionStart, ToolResultReceived
+from rollouts.providers import get_provider_function
+from rollouts.providers._aggregate import MessageBuilder
+from rollouts.providers._clients import client_scope
+from rollouts.run_config import RunConfig
+from rollouts.store import SessionStatus
+
+
+class _Tracker:
+    """The latest state of a run in progress and the message being streamed, so an abort can
+    return (and record) exactly what had happened."""
+
+    __slots__ = ("builder", "state")
+
+    def __init__(self, state: AgentState) -> None:
+        self.state = state
+        self.builder: MessageBuilder | None = None
+
+
+async def rollout(actor: Actor, on_chunk: OnChunk) -> Actor:
+    """One model call: route to the provider for `actor.endpoint` and return the actor with the
+    new assistant message appended."""
+    fn = get_provider_function(actor.endpoint.provider, actor.endpoint.model)
+    new_actor = await fn(actor, on_chunk)
+    n = len(actor.trajectory.messages)
+    assert len(new_actor.trajectory.messages) == n + 1, "a provider must append exactly one message"
+    assert new_actor.trajectory.messages[-1].role == "assistant", "a provider must append an assistant message"
+    return new_actor
+
+
+async def _record(rc: RunConfig, state: AgentState, messages: tuple[Message, ...]) -> None:
+    if rc.session_store is not None and state.session_id is not None:
+        for m in messages:
+            await rc.session_store.append_message(state.session_id, m)
+
+
+async def _record_added(rc: RunConfig, before: AgentState, after: AgentState) -> None:
+    """Record messages a handler appended."""
+    n = len(before.actor.trajectory.messages)
+    added = after.actor.trajectory.messages[n:]
+    if added:
+        await _record(rc, after, added)
+
+
+def _error_result(call: ToolCall, text: str) -> ToolResult:
+    return ToolResult(call.id, text, is_error=True)
+
+
+async def _execute_tool(
+    env: Environment, tools: dict[str, Tool], call: ToolCall, state: AgentState, rc: RunConfig
+) -> ToolResult:
+    tool = tools.get(call.name)
+    if tool is None:
+        names = ", ".join(sorted(tools)) or "(none)"
+        return _error_result(call, f"Unknown tool '{call.name}'. Available tools: {names}.")
+    if call.parse_error is not None:
+        return _error_result(
+            call,
+            f"The arguments for '{call.name}' were not valid JSON ({call.parse_error}). "
+            f"Call it again with a JSON object matching its schema: {json.dumps(dict(tool.parameters))}",
+        )
+    problem = argument_errors(tool.parameters, call.arguments)
+    if problem is not None:
+        return _error_result(
+            call,
+            f"Invalid arguments for '{call.name}': {problem}. "
+            f"Expected a JSON object matching: {json.dumps(dict(tool.parameters))}",
+        )
+    try:
+        if rc.tool_limiter is not None:
+            async with rc.tool_limiter:
+                result = await env.exec_tool(call, state, rc)
+        else:
+            result = await env.exec_tool(call, state, rc)
+    except Exception as e:  # trio.Cancelled is a BaseException and propagates
+        return _error_result(call, f"Tool '{call.name}' failed: {type(e).__name__}: {e}")
+    assert isinstance(result, ToolResult), f"{type(env).__name__}.exec_tool must return a ToolResult, got {result!r}"
+    assert result.tool_call_id == call.id, "a ToolResult must answer the call it was given (tool_call_id)"
+    return result
+
+
+async def process_pending_tools(
+    state: AgentState, run_config: RunConfig, *, _tracker: _Tracker | None = None
+) -> AgentState:
+    """Run `state.pending_tool_calls[state.next_tool_idx:]` in order, appending one tool
+    message per call. Resumable: `next_tool_idx` advances after each recorded result."""
+    rc = run_config
+    calls = state.pending_tool_calls
+    assert state.next_tool_idx < len(calls), "process_pending_tools called with nothing pending"
+    env = state.environment
+    if env is not None:
+        env = await clone_environment(env)
+        state = replace(state, environment=env)
+    tools = {t.name: t for t in env.get_tools()} if env is not None else {}
+    for idx in range(state.next_tool_idx, len(calls)):
+        call = calls[idx]
+        executed = False
+        if state.stop is not None:
+            result = _error_result(call, f"Not executed: the run stopped ({state.stop.value}).")
+        elif env is None:
+            result = _error_result(call, "This agent has no environment, so it has no tools to call.")
+        else:
+            approved = True
+            if env.requires_confirmation(call):
+                state, confirm = await rc.confirm_tool(call, state, rc)
+                if not confirm.approved:
+                    approved = False
+                    result = _error_result(call, f"The user denied this tool call: {confirm.reason}")
+            if approved:
+                await rc.on_chunk(ToolExecutionStart(call.id, call.name))
+                result = await _execute_tool(env, tools, call, state, rc)
+                executed = True
+        details: dict[str, Any] = {"tool_name": call.name}
+        if result.is_error:
+            details["is_error"] = True
+        if result.details:
+            details["result"] = dict(result.details)
+        message = Message("tool", result.content, tool_call_id=call.id, timestamp=now_iso(), details=details)
+        await rc.on_chunk(ToolResultReceived(call.id, call.name, result))
+        state = replace(state.with_messages(message), next_tool_idx=idx + 1)
+        if _tracker is not None:
+            _tracker.state = state
+        await _record(rc, state, (message,))
+        if result.is_error and executed:
+            state = rc.handle_tool_error(result, state)
+        if result.stop_reason is not None and state.stop is None:
+            state = replace(state, stop=result.stop_reason)
+    state = replace(state, pending_tool_calls=(), next_tool_idx=0)
+    if rc.session_store is not None and state.session_id is not None and env is not None:
+        await rc.session_store.update(state.session_id, environment_state=await env.serialize())
+    return state
+
+
+async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: _Tracker | None = None) -> AgentState:
+    """One step: stop checks, then either the pending tool calls of an interrupted turn or one
+    model call followed by its tool calls. Returns the new state (turn_idx advanced)."""
+    rc = run_config
+    state = rc.handle_stop(state)
+    if state.stop is not None:
+        return state
+    if state.next_tool_idx < len(state.pending_tool_calls):
+        state = await process_pending_tools(state, rc, _tracker=_tracker)
+        return replace(state, turn_idx=state.turn_idx + 1)
+
+    before = state
+    state = rc.on_step_start(state)
+    await _record_added(rc, before, state)
+    env = state.environment
+    tools = tuple(env.get_tools()) if env is not None else ()
+    actor = state.actor if state.actor.tools == tools else replace(state.actor, tools=tools)
+
+    on_chunk = rc.on_chunk
+    if _tracker is not None:
+        builder = MessageBuilder(actor.endpoint.provider, actor.endpoint.model)
+        _tracker.builder = builder
+        user_on_chunk = rc.on_chunk
+
+        async def on_chunk(event: StreamEvent) -> None:
+            builder.feed(event)
+            await user_on_chunk(event)
+
+    try:
+        if rc.model_limiter is not None:
+            async with rc.model_limiter:
+                new_actor = await rollout(actor, on_chunk)
+        else:
+            new_actor = await rollout(actor, on_chunk)
+    except AuthenticationError:
+        raise
+    except ProviderError as e:
+        reason = StopReason.CONTEXT_TOO_LONG if isinstance(e, ContextTooLongError) else StopReason.PROVIDER_ERROR
+        return replace(state, stop=reason, error=f"{type(e).__name__}: {e}")
+    if _tracker is not None:
+        _tracker.builder = None
+
+    message = new_actor.trajectory.messages[-1]
+    state = replace(state, actor=new_actor)
+    if _tracker is not None:
+        _tracker.state = state
+    await _record(rc, state, (message,))
+    if env is not None:
+        before = state
+        state = await env.on_assistant_message(message, state)
+        await _record_added(rc, before, state)
+
+    calls = message.get_tool_calls()
+    if not calls:
+        before = state
+        state = await rc.handle_no_tool(state, rc)
+        await _record_added(rc, before, state)
+        return replace(state, turn_idx=state.turn_idx + 1)
+    state = replace(state, pending_tool_calls=calls, next_tool_idx=0)
+    if _tracker is not None:
+        _tracker.state = state
+    state = await process_pending_tools(state, rc, _tracker=_tracker)
+    return replace(state, turn_idx=state.turn_idx + 1)
+
+
+async def _start_session(state: AgentState, rc: RunConfig) -> AgentState:
+    store = rc.session_store
+    if store is None or state.session_id is not None:
+        return state
+    env = state.environment
+    session = await store.create(
+        endpoint=state.actor.endpoint,
+        environment_type=environment_type_name(env) if env is not None else None,
+        environment_state=await env.serialize() if env is not None else None,
+        parent_id=state.parent_session_id,
+        branch_point=state.branch_point,
+        tags=rc.session_tags,
+    )
+    state = replace(state, session_id=session.session_id)
+    own = state.messages[state.branch_point :] if state.parent_session_id and state.branch_point else state.messages
+    await _record(rc, state, tuple(own))
+    if env is not None:
+        await env.on_session_start(session.session_id)
+    return state
+
+
+def _final_status(state: AgentState) -> SessionStatus:
+    if state.stop == StopReason.ABORTED:
+        return SessionStatus.ABORTED
+    if state.stop in (StopReason.PROVIDER_ERROR, StopReason.CONTEXT_TOO_LONG):
+        return SessionStatus.FAILED
+    return SessionStatus.COMPLETED
+
+
+async def _finish_session(rc: RunConfig, state: AgentState, status: SessionStatus) -> None:
+    if rc.session_store is None or state.session_id is None:
+        return
+    env_state = await state.environment.serialize() if state.environment is not None else None
+    await rc.session_store.update(state.session_id, status=status, environment_state=env_state)
+
+
+def _aborted(tracker: _Tracker) -> tuple[AgentState, Message | None]:
+    """The state at the moment of an abort, with any partially streamed message appended."""
+    state = tracker.state
+    partial = tracker.builder.partial_message() if tracker.builder is not None else None
+    if partial is not None:
+        state = state.with_messages(partial)
+    return replace(state, stop=StopReason.ABORTED, error="the run was cancelled"), partial
+
+
+async def _run_loop(states: list[AgentState], rc: RunConfig, tracker: _Tracker) -> None:
+    state = await _start_session(states[0], rc)
+    states[0] = tracker.state = state
+    try:
+        # Each step is one model turn or the resumption of an interrupted turn's tool calls,
+        # so 2 * max_turns + 1 steps bound the loop whatever the handlers do.
+        for _ in range(2 * rc.max_turns + 1):
+            if state.stop is not None:
+                break
+            if state.turn_idx >= rc.max_turns and state.next_tool_idx >= len(state.pending_tool_calls):
+                state = replace(state, stop=StopReason.MAX_TURNS, error=f"reached RunConfig.max_turns={rc.max_turns}")
+                states.append(state)
+                break
+            state = await run_agent_step(state, rc, _tracker=tracker)
+            states.append(state)
+            tracker.state = state
+        else:
+            raise AssertionError("agent loop exceeded its step bound")
+    except trio.Cancelled:
+        with trio.CancelScope(shield=True):
+            if rc.session_store is not None and tracker.state.session_id is not None:
+                aborted, partial = _aborted(tracker)
+                if partial is not None:
+                    await _record(rc, aborted, (partial,))
+                await _finish_session(rc, tracker.state, SessionStatus.ABORTED)
+        raise
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            if rc.session_store is not None and tracker.state.session_id is not None:
+                await rc.session_store.update(tracker.state.session_id, status=SessionStatus.FAILED)
+        raise
+    await _finish_session(rc, state, _final_status(state))
+
+
+async def run_agent(state: AgentState, run_config: RunConfig) -> list[AgentState]:
+    """Run until a handler, a tool or the model stops the run. Returns every state, starting
+    with the initial one (given a session id if a session store is configured).
+
+    Cancelling `run_config.cancel_scope` ends the run gracefully: the last state returned is
+    marked ABORTED and holds any partially streamed message. Cancellation from outside
+    propagates as usual (after the abort is recorded in the session store)."""
+    states = [state]
+    tracker = _Tracker(state)
+    async with client_scope():
+        if run_config.cancel_scope is None:
+            await _run_loop(states, run_config, tracker)
+        else:
+            with run_config.cancel_scope:
+                await _run_loop(states, run_config, tracker)
+            if run_config.cancel_scope.cancelled_caught:
+                states.append(_aborted(tracker)[0])
+    return states

@@ -1,0 +1,5 @@
+import sys
+
+from rollouts.cli import main
+
+sys.exit(main())

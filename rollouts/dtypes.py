@@ -1,0 +1,574 @@
+"""Core frozen types: endpoints, messages and their content blocks, tools, trajectories, state.
+
+Every type here is a frozen dataclass. Sequence fields are tuples; "changing" a value means
+`dataclasses.replace`. Every persisted type has `to_dict()` / `from_dict()` that round-trip
+through JSON to an equal object.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+if TYPE_CHECKING:
+    from rollouts.environments.base import Environment
+
+Role = Literal["system", "user", "assistant", "tool"]
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+def _clean(d: dict[str, Any]) -> dict[str, Any]:
+    """Drop keys whose value is None so persisted JSON stays small and stable."""
+    return {k: v for k, v in d.items() if v is not None}
+
+
+# --------------------------------------------------------------------------------------------
+# Endpoint
+# --------------------------------------------------------------------------------------------
+
+_SECRET_FIELDS = ("api_key",)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Which model to call and how.
+
+    `api_key` is never printed (`repr`) and never emitted by `to_dict()` unless
+    `exclude_secrets=False` is passed explicitly. `transport` selects how OpenAI-compatible
+    servers are reached: `"sdk"` (the official SDK) or `"http"` (our lean httpx transport).
+    """
+
+    provider: str
+    model: str
+    api_base: str = ""
+    api_key: str = field(default="", repr=False)
+    max_tokens: int = 4096
+    temperature: float | None = None
+    thinking: Mapping[str, Any] | None = None
+    max_retries: int = 3
+    timeout: float = 120.0
+    extra_params: Mapping[str, Any] | None = None
+    transport: Literal["sdk", "http"] = "sdk"
+
+    def __post_init__(self) -> None:
+        if not self.provider:
+            raise ValueError("Endpoint.provider must be set, e.g. 'anthropic', 'openai', 'local'")
+        if not self.model:
+            raise ValueError("Endpoint.model must be set, e.g. 'claude-sonnet-4-5'")
+        if self.max_retries < 0:
+            raise ValueError(f"Endpoint.max_retries must be >= 0, got {self.max_retries}")
+        if self.timeout <= 0:
+            raise ValueError(f"Endpoint.timeout must be > 0 seconds, got {self.timeout}")
+        if self.transport not in ("sdk", "http"):
+            raise ValueError(f"Endpoint.transport must be 'sdk' or 'http', got {self.transport!r}")
+
+    def to_dict(self, exclude_secrets: bool = True) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if exclude_secrets:
+            for name in _SECRET_FIELDS:
+                d.pop(name, None)
+        d["thinking"] = dict(self.thinking) if self.thinking is not None else None
+        d["extra_params"] = dict(self.extra_params) if self.extra_params is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], api_key: str = "") -> Endpoint:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"Endpoint.from_dict: unknown keys {sorted(unknown)}")
+        kwargs = {k: v for k, v in data.items() if k not in _SECRET_FIELDS}
+        return cls(**kwargs, api_key=api_key or data.get("api_key", ""))
+
+
+# --------------------------------------------------------------------------------------------
+# Usage
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts and cost of one model call (or a sum of several)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            cost_usd=self.cost_usd + other.cost_usd,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Usage:
+        return cls(**data)
+
+
+# --------------------------------------------------------------------------------------------
+# Tools
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the model may call: a name, a description and a JSON-schema for its arguments."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Tool:
+        return cls(name=data["name"], description=data["description"], parameters=data["parameters"])
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model asked for. `parse_error` is set when its arguments were not valid JSON."""
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any]
+    raw_arguments: str | None = None
+    parse_error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _clean(
+            {
+                "id": self.id,
+                "name": self.name,
+                "arguments": dict(self.arguments),
+                "raw_arguments": self.raw_arguments,
+                "parse_error": self.parse_error,
+            }
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ToolCall:
+        return cls(
+            id=data["id"],
+            name=data["name"],
+            arguments=data.get("arguments", {}),
+            raw_arguments=data.get("raw_arguments"),
+            parse_error=data.get("parse_error"),
+        )
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool returned. `is_error` results are sent back to the model like any other."""
+
+    tool_call_id: str
+    content: str
+    is_error: bool = False
+    stop_reason: StopReason | None = None
+    details: Mapping[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _clean(
+            {
+                "tool_call_id": self.tool_call_id,
+                "content": self.content,
+                "is_error": self.is_error,
+                "stop_reason": self.stop_reason.value if self.stop_reason else None,
+                "details": dict(self.details) if self.details is not None else None,
+            }
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ToolResult:
+        sr = data.get("stop_reason")
+        return cls(
+            tool_call_id=data["tool_call_id"],
+            content=data["content"],
+            is_error=data.get("is_error", False),
+            stop_reason=StopReason(sr) if sr else None,
+            details=data.get("details"),
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Content blocks
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TextContent:
+    text: str
+    type: Literal["text"] = "text"
+
+
+@dataclass(frozen=True)
+class ThinkingContent:
+    """Model reasoning. `signature` must be sent back verbatim to the provider that made it;
+    `redacted` blocks carry opaque `data` instead of text. `provider` records the origin so
+    history can be transformed when a conversation moves to another provider."""
+
+    thinking: str
+    signature: str | None = None
+    redacted: bool = False
+    data: str | None = None
+    provider: str | None = None
+    type: Literal["thinking"] = "thinking"
+
+
+@dataclass(frozen=True)
+class ToolCallContent:
+    """A tool call inside an assistant message."""
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any]
+    raw_arguments: str | None = None
+    parse_error: str | None = None
+    type: Literal["tool_call"] = "tool_call"
+
+    def to_tool_call(self) -> ToolCall:
+        return ToolCall(self.id, self.name, self.arguments, self.raw_arguments, self.parse_error)
+
+
+@dataclass(frozen=True)
+class ImageContent:
+    """An image, either inline (`data` base64 with `media_type`) or by `url`."""
+
+    media_type: str = "image/png"
+    data: str | None = None
+    url: str | None = None
+    type: Literal["image"] = "image"
+
+    def __post_init__(self) -> None:
+        if (self.data is None) == (self.url is None):
+            raise ValueError("ImageContent needs exactly one of `data` (base64) or `url`")
+
+
+ContentBlock: TypeAlias = TextContent | ThinkingContent | ToolCallContent | ImageContent
+_BLOCK_TYPES: dict[str, type] = {
+    "text": TextContent,
+    "thinking": ThinkingContent,
+    "tool_call": ToolCallContent,
+    "image": ImageContent,
+}
+
+
+def block_to_dict(block: ContentBlock) -> dict[str, Any]:
+    d = {f.name: getattr(block, f.name) for f in fields(block)}
+    if isinstance(block, ToolCallContent):
+        d["arguments"] = dict(block.arguments)
+    return _clean(d)
+
+
+def block_from_dict(data: Mapping[str, Any]) -> ContentBlock:
+    try:
+        cls = _BLOCK_TYPES[data["type"]]
+    except KeyError:
+        raise ValueError(f"unknown content block type {data.get('type')!r}") from None
+    result: ContentBlock = cls(**data)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Message
+# --------------------------------------------------------------------------------------------
+
+
+def now_iso() -> str:
+    """Current UTC time as an ISO-8601 string with microseconds."""
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1e6):06d}Z"
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of a conversation.
+
+    `content` is a plain string or a tuple of content blocks. Assistant messages made by a
+    provider carry `provider`, `model` and `usage`; tool results carry `tool_call_id`.
+    """
+
+    role: Role
+    content: str | tuple[ContentBlock, ...]
+    tool_call_id: str | None = None
+    timestamp: str | None = None
+    provider: str | None = None
+    model: str | None = None
+    usage: Usage | None = None
+    details: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in _ROLES:
+            raise ValueError(f"Message.role must be one of {_ROLES}, got {self.role!r}")
+        if isinstance(self.content, list):
+            object.__setattr__(self, "content", tuple(self.content))
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+
+    @property
+    def blocks(self) -> tuple[ContentBlock, ...]:
+        """Content as blocks (a plain string becomes one TextContent)."""
+        if isinstance(self.content, str):
+            return (TextContent(self.content),) if self.content else ()
+        return self.content
+
+    @property
+    def text(self) -> str:
+        """All text blocks joined (thinking and tool calls excluded)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(b.text for b in self.content if isinstance(b, TextContent))
+
+    def get_tool_calls(self) -> tuple[ToolCall, ...]:
+        if isinstance(self.content, str):
+            return ()
+        return tuple(b.to_tool_call() for b in self.content if isinstance(b, ToolCallContent))
+
+    def to_dict(self) -> dict[str, Any]:
+        content: Any = self.content if isinstance(self.content, str) else [block_to_dict(b) for b in self.content]
+        return _clean(
+            {
+                "role": self.role,
+                "content": content,
+                "tool_call_id": self.tool_call_id,
+                "timestamp": self.timestamp,
+                "provider": self.provider,
+                "model": self.model,
+                "usage": self.usage.to_dict() if self.usage else None,
+                "details": dict(self.details) if self.details is not None else None,
+            }
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Message:
+        raw = data.get("content", "")
+        content: str | tuple[ContentBlock, ...]
+        if raw is None:
+            content = ""
+        elif isinstance(raw, str):
+            content = raw
+        else:
+            content = tuple(block_from_dict(b) for b in raw)
+        usage = data.get("usage")
+        return cls(
+            role=data["role"],
+            content=content,
+            tool_call_id=data.get("tool_call_id"),
+            timestamp=data.get("timestamp"),
+            provider=data.get("provider"),
+            model=data.get("model"),
+            usage=Usage.from_dict(usage) if usage else None,
+            details=data.get("details"),
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Trajectory
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Completion:
+    """Bookkeeping of one model call: which model, why it finished, how long it took.
+
+    Token usage lives on the assistant `Message` it produced (`message_index`)."""
+
+    provider: str
+    model: str
+    finish_reason: str | None = None
+    message_index: int = -1
+    duration_s: float = 0.0
+    time_to_first_token_s: float | None = None
+    attempts: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return _clean({f.name: getattr(self, f.name) for f in fields(self)})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Completion:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A conversation plus per-call records, a reward and free-form metadata."""
+
+    messages: tuple[Message, ...] = ()
+    completions: tuple[Completion, ...] = ()
+    rewards: float = 0.0
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.messages, list):
+            object.__setattr__(self, "messages", tuple(self.messages))
+        if isinstance(self.completions, list):
+            object.__setattr__(self, "completions", tuple(self.completions))
+
+    def append(self, *messages: Message) -> Trajectory:
+        """A new trajectory with `messages` appended."""
+        return replace(self, messages=self.messages + messages)
+
+    def total_usage(self) -> Usage:
+        total = Usage()
+        for m in self.messages:
+            if m.usage is not None:
+                total = total + m.usage
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "messages": [m.to_dict() for m in self.messages],
+            "completions": [c.to_dict() for c in self.completions],
+            "rewards": self.rewards,
+            "metadata": dict(self.metadata),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Trajectory:
+        return cls(
+            messages=tuple(Message.from_dict(m) for m in data.get("messages", ())),
+            completions=tuple(Completion.from_dict(c) for c in data.get("completions", ())),
+            rewards=data.get("rewards", 0.0),
+            metadata=data.get("metadata", {}),
+        )
+
+    def to_jsonl(self) -> str:
+        """One JSON line (no trailing newline)."""
+        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_jsonl(cls, line: str) -> Trajectory:
+        return cls.from_dict(json.loads(line))
+
+    @staticmethod
+    def save_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> None:
+        """Write one trajectory per line (overwrites `path`)."""
+        with open(path, "w", encoding="utf-8") as f:
+            for t in trajectories:
+                f.write(t.to_jsonl())
+                f.write("\n")
+
+    @staticmethod
+    def load_jsonl(path: str | Path) -> list[Trajectory]:
+        return list(Trajectory.load_jsonl_streaming(path))
+
+    @staticmethod
+    def load_jsonl_streaming(path: str | Path) -> Iterator[Trajectory]:
+        """Yield trajectories one line at a time without reading the whole file."""
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield Trajectory.from_jsonl(line)
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                    raise ValueError(f"{path}:{lineno}: not a trajectory line: {e}") from e
+
+    def hash(self) -> str:
+        """A stable content hash (sha256 hex) of messages and metadata, ignoring timestamps."""
+        msgs = []
+        for m in self.messages:
+            d = m.to_dict()
+            d.pop("timestamp", None)
+            msgs.append(d)
+        payload = json.dumps(
+            {"messages": msgs, "metadata": dict(self.metadata)},
+            sort_keys=True,
+            ensure_ascii=False,
+            separators=(",", ":"),
+            default=str,
+        )
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Actor, stop reasons, agent state
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Actor:
+    """The model side of an agent: its conversation, its endpoint and the tools it sees."""
+
+    trajectory: Trajectory
+    endpoint: Endpoint
+    tools: tuple[Tool, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tools, list):
+            object.__setattr__(self, "tools", tuple(self.tools))
+
+
+class StopReason(enum.StrEnum):
+    """Why a run stopped."""
+
+    MAX_TURNS = "max_turns"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    TASK_COMPLETED = "task_completed"
+    NO_TOOL_CALLED = "no_tool_called"
+    TOOL_ERROR = "tool_error"
+    ABORTED = "aborted"
+    PROVIDER_ERROR = "provider_error"
+    CONTEXT_TOO_LONG = "context_too_long"
+    EMPTY_MESSAGE = "empty_message"
+    USER_EXIT = "user_exit"
+
+
+@dataclass(frozen=True)
+class AgentState:
+    """Everything a run needs to continue: the actor, the environment and loop bookkeeping.
+
+    `pending_tool_calls[next_tool_idx:]` are the calls of the last assistant message that have
+    not been answered yet; a run resumes there after an interruption."""
+
+    actor: Actor
+    environment: Environment | None = None
+    stop: StopReason | None = None
+    turn_idx: int = 0
+    pending_tool_calls: tuple[ToolCall, ...] = ()
+    next_tool_idx: int = 0
+    session_id: str | None = None
+    parent_session_id: str | None = None
+    branch_point: int | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.pending_tool_calls, list):
+            object.__setattr__(self, "pending_tool_calls", tuple(self.pending_tool_calls))
+        assert 0 <= self.next_tool_idx <= len(self.pending_tool_calls), (
+            f"next_tool_idx {self.next_tool_idx} out of range for {len(self.pending_tool_calls)} pending calls"
+        )
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        return self.actor.trajectory.messages
+
+    def with_messages(self, *messages: Message) -> AgentState:
+        """A new state whose trajectory has `messages` appended."""
+        actor = replace(self.actor, trajectory=self.actor.trajectory.append(*messages))
+        return replace(self, actor=actor)
+
+
+# Handler type aliases (the callables RunConfig holds are defined in rollouts.run_config).
+StopHandler: TypeAlias = Callable[[AgentState], AgentState]

@@ -1,0 +1,170 @@
+"""Streaming events emitted while a model call is in flight and while tools run.
+
+Every provider emits the same vocabulary in the same order:
+
+    LLMCallStart, StreamStart,
+      (TextStart TextDelta* TextEnd | ThinkingStart ThinkingDelta* ThinkingEnd
+       | ToolCallStart ToolCallDelta* (ToolCallEnd | ToolCallError))*,
+    StreamDone
+
+`content_index` is the position of the block in the final message's content. A stream that
+breaks after output was emitted and is retried emits `StreamError(will_retry=True)`: consumers
+(and the aggregator) must discard the partial message, then a fresh `StreamStart` follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from rollouts.dtypes import ToolCall, ToolResult, Usage
+
+
+@dataclass(frozen=True)
+class LLMCallStart:
+    provider: str
+    model: str
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class TextStart:
+    content_index: int
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    content_index: int
+    delta: str
+
+
+@dataclass(frozen=True)
+class TextEnd:
+    content_index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ThinkingStart:
+    content_index: int
+    redacted: bool = False
+
+
+@dataclass(frozen=True)
+class ThinkingDelta:
+    content_index: int
+    delta: str
+
+
+@dataclass(frozen=True)
+class ThinkingSignature:
+    """A signature for the thinking block at `content_index` (Anthropic sends it at the end)."""
+
+    content_index: int
+    signature: str
+
+
+@dataclass(frozen=True)
+class ThinkingEnd:
+    content_index: int
+    thinking: str
+    signature: str | None = None
+    redacted: bool = False
+    data: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolCallStart:
+    content_index: int
+    tool_call_id: str
+    tool_name: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call's JSON arguments; `partial_args` is the best parse so far."""
+
+    content_index: int
+    tool_call_id: str
+    delta: str
+    partial_args: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ToolCallEnd:
+    content_index: int
+    tool_call: ToolCall
+
+
+@dataclass(frozen=True)
+class ToolCallError:
+    """The model's arguments for this call did not parse; the call is kept with `parse_error`
+    set and answered with an error tool result."""
+
+    content_index: int
+    tool_call_id: str
+    tool_name: str
+    error: str
+    raw_arguments: str
+
+
+@dataclass(frozen=True)
+class ToolExecutionStart:
+    tool_call_id: str
+    tool_name: str
+
+
+@dataclass(frozen=True)
+class ToolResultReceived:
+    tool_call_id: str
+    tool_name: str
+    result: ToolResult
+
+
+@dataclass(frozen=True)
+class StreamDone:
+    finish_reason: str | None
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class StreamError:
+    """The stream failed. With `will_retry` the partial output so far is void and a new attempt
+    starts; without it the call fails and an exception follows."""
+
+    error: str
+    will_retry: bool = False
+    attempt: int = 1
+
+
+StreamEvent: TypeAlias = (
+    LLMCallStart
+    | StreamStart
+    | TextStart
+    | TextDelta
+    | TextEnd
+    | ThinkingStart
+    | ThinkingDelta
+    | ThinkingSignature
+    | ThinkingEnd
+    | ToolCallStart
+    | ToolCallDelta
+    | ToolCallEnd
+    | ToolCallError
+    | ToolExecutionStart
+    | ToolResultReceived
+    | StreamDone
+    | StreamError
+)
+
+OnChunk: TypeAlias = Callable[[StreamEvent], Awaitable[None]]
+
+
+async def ignore_chunk(event: StreamEvent) -> None:
+    """The default `on_chunk`: does nothing."""
+    return None

@@ -1,0 +1,59 @@
+"""Provider registry: maps an Endpoint's provider name (and model) to its stream function.
+
+A provider is an async function `(actor, on_chunk) -> Actor`: it streams the model's reply as
+events through `on_chunk` and returns the actor with the new assistant message appended.
+Built-in providers are imported lazily, so using one SDK never imports the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable
+
+from rollouts.dtypes import Actor
+from rollouts.errors import UnknownProviderError
+from rollouts.events import OnChunk
+
+ProviderFn = Callable[[Actor, OnChunk], Awaitable[Actor]]
+# A resolver picks the function for a model name (e.g. chat vs. responses API).
+ProviderResolver = Callable[[str], ProviderFn]
+
+# provider name -> "module:attribute" of a ProviderFn or ProviderResolver (imported on first use)
+_BUILTIN: dict[str, str] = {
+    "scripted": "rollouts.providers.scripted:stream_scripted",
+}
+_REGISTERED: dict[str, ProviderFn | ProviderResolver] = {}
+_RESOLVERS: set[str] = set()
+
+
+def register_provider(name: str, fn: ProviderFn | ProviderResolver, *, resolver: bool = False) -> None:
+    """Register a provider under `name`. With `resolver=True`, `fn(model)` returns the function."""
+    _REGISTERED[name] = fn
+    if resolver:
+        _RESOLVERS.add(name)
+    else:
+        _RESOLVERS.discard(name)
+
+
+def known_providers() -> list[str]:
+    return sorted(set(_BUILTIN) | set(_REGISTERED))
+
+
+def get_provider_function(provider: str, model: str) -> ProviderFn:
+    """The stream function for `provider` (and `model`); raises UnknownProviderError listing
+    the known providers."""
+    fn = _REGISTERED.get(provider)
+    if fn is None:
+        target = _BUILTIN.get(provider)
+        if target is None:
+            raise UnknownProviderError(
+                f"unknown provider {provider!r}; known providers: {', '.join(known_providers())}"
+            )
+        module_name, _, attr = target.partition(":")
+        obj = getattr(importlib.import_module(module_name), attr)
+        is_resolver = getattr(obj, "__provider_resolver__", False)
+        register_provider(provider, obj, resolver=is_resolver)
+        fn = obj
+    if provider in _RESOLVERS:
+        return fn(model)  # type: ignore[call-arg,arg-type,return-value]
+    return fn  # type: ignore[return-value]

@@ -1,0 +1,168 @@
+"""Turn a stream of events into the final assistant `Message`. Shared by every provider."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from rollouts.dtypes import (
+    Actor,
+    Completion,
+    ContentBlock,
+    Message,
+    TextContent,
+    ThinkingContent,
+    ToolCallContent,
+    Usage,
+    now_iso,
+)
+from rollouts.events import (
+    StreamDone,
+    StreamError,
+    StreamEvent,
+    StreamStart,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ThinkingDelta,
+    ThinkingEnd,
+    ThinkingSignature,
+    ThinkingStart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallError,
+    ToolCallStart,
+)
+
+
+class MessageBuilder:
+    """Accumulates events into blocks keyed by `content_index`.
+
+    `feed(event)` for every event, then `finish()` for the Message. A `StreamError` with
+    `will_retry` (or a second `StreamStart`) discards everything received so far, so a retried
+    stream never duplicates content. `partial_message()` gives what has arrived so far (used to
+    record a turn that was cancelled mid-stream)."""
+
+    __slots__ = ("_blocks", "_texts", "done", "finish_reason", "model", "provider", "usage")
+
+    def __init__(self, provider: str, model: str) -> None:
+        self.provider = provider
+        self.model = model
+        self._blocks: dict[int, Any] = {}
+        self._texts: dict[int, list[str]] = {}
+        self.usage = Usage()
+        self.finish_reason: str | None = None
+        self.done = False
+
+    def reset(self) -> None:
+        self._blocks.clear()
+        self._texts.clear()
+        self.usage = Usage()
+        self.finish_reason = None
+        self.done = False
+
+    def feed(self, event: StreamEvent) -> None:
+        t = type(event)
+        if t is TextDelta:
+            self._texts[event.content_index].append(event.delta)  # type: ignore[union-attr]
+        elif t is ToolCallDelta or t is ThinkingDelta:
+            self._texts.setdefault(event.content_index, []).append(event.delta)  # type: ignore[union-attr]
+        elif t is TextStart:
+            self._blocks[event.content_index] = "text"  # type: ignore[union-attr]
+            self._texts[event.content_index] = []  # type: ignore[union-attr]
+        elif t is TextEnd:
+            self._blocks[event.content_index] = TextContent(event.text)  # type: ignore[union-attr]
+        elif t is ThinkingStart:
+            self._blocks[event.content_index] = "thinking"  # type: ignore[union-attr]
+            self._texts[event.content_index] = []  # type: ignore[union-attr]
+        elif t is ThinkingSignature:
+            pass  # carried by ThinkingEnd
+        elif t is ThinkingEnd:
+            assert isinstance(event, ThinkingEnd)
+            self._blocks[event.content_index] = ThinkingContent(
+                thinking=event.thinking,
+                signature=event.signature,
+                redacted=event.redacted,
+                data=event.data,
+                provider=self.provider,
+            )
+        elif t is ToolCallStart:
+            assert isinstance(event, ToolCallStart)
+            self._blocks[event.content_index] = (event.tool_call_id, event.tool_name)
+            self._texts[event.content_index] = []
+        elif t is ToolCallEnd:
+            assert isinstance(event, ToolCallEnd)
+            tc = event.tool_call
+            self._blocks[event.content_index] = ToolCallContent(
+                tc.id, tc.name, tc.arguments, tc.raw_arguments, tc.parse_error
+            )
+        elif t is ToolCallError:
+            assert isinstance(event, ToolCallError)
+            self._blocks[event.content_index] = ToolCallContent(
+                event.tool_call_id, event.tool_name, {}, event.raw_arguments, event.error
+            )
+        elif t is StreamDone:
+            assert isinstance(event, StreamDone)
+            self.usage = event.usage
+            self.finish_reason = event.finish_reason
+            self.done = True
+        elif t is StreamError:
+            if event.will_retry:  # type: ignore[union-attr]
+                self.reset()
+        elif t is StreamStart:
+            if self._blocks:
+                self.reset()
+
+    def _content(self, partial: bool) -> tuple[ContentBlock, ...]:
+        blocks: list[ContentBlock] = []
+        for idx in sorted(self._blocks):
+            b = self._blocks[idx]
+            if isinstance(b, str | tuple):
+                if not partial:
+                    raise AssertionError(f"content block {idx} ({b!r}) was started but never ended")
+                text = "".join(self._texts.get(idx, ()))
+                if b == "text":
+                    if text:
+                        blocks.append(TextContent(text))
+                elif b == "thinking":
+                    if text:
+                        blocks.append(ThinkingContent(text, provider=self.provider))
+                # an unfinished tool call is dropped: it cannot be executed
+            else:
+                blocks.append(b)
+        return tuple(blocks)
+
+    def finish(self) -> Message:
+        """The complete assistant message. Every started block must have ended."""
+        assert self.done, "finish() called before StreamDone"
+        return Message(
+            role="assistant",
+            content=self._content(partial=False),
+            timestamp=now_iso(),
+            provider=self.provider,
+            model=self.model,
+            usage=self.usage,
+            details={"finish_reason": self.finish_reason} if self.finish_reason else None,
+        )
+
+    def partial_message(self) -> Message | None:
+        """What arrived before an interruption, marked `details.aborted`; None if nothing did."""
+        content = self._content(partial=True)
+        if not content:
+            return None
+        return Message(
+            role="assistant",
+            content=content,
+            timestamp=now_iso(),
+            provider=self.provider,
+            model=self.model,
+            usage=self.usage,
+            details={"aborted": True},
+        )
+
+
+def append_assistant(actor: Actor, message: Message, completion: Completion) -> Actor:
+    """The actor with a provider's finished `message` and its `completion` record appended."""
+    traj = actor.trajectory
+    new_traj = replace(traj, messages=traj.messages + (message,), completions=traj.completions + (completion,))
+    return replace(actor, trajectory=new_traj)

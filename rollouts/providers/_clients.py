@@ -1,0 +1,66 @@
+"""Client reuse: one SDK/HTTP client per endpoint per run, closed when the run ends.
+
+`run_agent` and `evaluate` open a `client_scope()`; providers call
+`await get_client(key, factory)` to reuse a client inside it. Outside any scope a provider gets
+a client that is closed when the scope-less call ends (see `temporary_client`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Hashable
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import trio
+
+
+class ClientPool:
+    """Clients keyed by whatever identifies an endpoint's connection settings."""
+
+    def __init__(self) -> None:
+        self._clients: dict[Hashable, Any] = {}
+        self._lock = trio.Lock()
+
+    async def get(self, key: Hashable, factory: Callable[[], Any]) -> Any:
+        client = self._clients.get(key)
+        if client is None:
+            async with self._lock:
+                client = self._clients.get(key)
+                if client is None:
+                    client = factory()
+                    self._clients[key] = client
+        return client
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        with trio.CancelScope(shield=True):
+            for c in clients:
+                close = getattr(c, "aclose", None) or getattr(c, "close", None)
+                if close is not None:
+                    result = close()
+                    if hasattr(result, "__await__"):
+                        await result
+
+
+_current: ContextVar[ClientPool | None] = ContextVar("rollouts_client_pool", default=None)
+
+
+def current_pool() -> ClientPool | None:
+    return _current.get()
+
+
+@asynccontextmanager
+async def client_scope() -> AsyncIterator[ClientPool]:
+    """Enter a pool (or reuse the one already active); clients close when the outermost exits."""
+    existing = _current.get()
+    if existing is not None:
+        yield existing
+        return
+    pool = ClientPool()
+    token = _current.set(pool)
+    try:
+        yield pool
+    finally:
+        _current.reset(token)
+        await pool.aclose()

@@ -1,0 +1,245 @@
+"""Scripted models: deterministic replies streamed exactly like a real provider streams them.
+
+    model = ScriptedModel([tool_call("add", value=5), "The answer is 5."])
+    endpoint = model.endpoint            # Endpoint(provider="scripted", model=model.name)
+
+Replies come from a list (one per call, in order) or from a function of the request, sync or
+async: `ScriptedModel(lambda req: f"Answer: {req.last_user_text}")`. A reply is a string, a
+`ScriptedReply` (text, thinking, tool calls, usage), or an exception instance to raise.
+
+Each call emits LLMCallStart, StreamStart, thinking/text blocks in several deltas, tool calls with
+argument deltas and partial parses, then StreamDone with usage — the same sequence the real
+providers emit — and goes through the shared aggregator, so tests exercise the real code path.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+import trio
+
+from rollouts.dtypes import Actor, Completion, Endpoint, Message, Tool, ToolCall, Usage
+from rollouts.errors import RolloutsError
+from rollouts.events import (
+    LLMCallStart,
+    OnChunk,
+    StreamDone,
+    StreamStart,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ThinkingDelta,
+    ThinkingEnd,
+    ThinkingStart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallError,
+    ToolCallStart,
+)
+from rollouts.partial_json import parse_partial_json
+from rollouts.providers._aggregate import MessageBuilder, append_assistant
+
+
+@dataclass(frozen=True)
+class ScriptedToolCall:
+    """A tool call in a scripted reply. `arguments` may be a raw string (e.g. malformed JSON)."""
+
+    name: str
+    arguments: Mapping[str, Any] | str = field(default_factory=dict)
+    id: str | None = None
+
+
+def tool_call(name: str, /, **arguments: Any) -> ScriptedReply:
+    """A reply consisting of one tool call: `tool_call("add", value=5)`."""
+    return ScriptedReply(tool_calls=(ScriptedToolCall(name, arguments),))
+
+
+@dataclass(frozen=True)
+class ScriptedReply:
+    text: str = ""
+    tool_calls: tuple[ScriptedToolCall, ...] = ()
+    thinking: str | None = None
+    usage: Usage | None = None
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ScriptedRequest:
+    """What a reply function sees."""
+
+    messages: tuple[Message, ...]
+    tools: tuple[Tool, ...]
+    endpoint: Endpoint
+    call_index: int
+
+    @property
+    def system(self) -> str:
+        """The system prompt (all system messages' text joined), or ''."""
+        return "\n".join(m.text for m in self.messages if m.role == "system")
+
+    @property
+    def last_user_text(self) -> str:
+        for m in reversed(self.messages):
+            if m.role == "user":
+                return m.text
+        return ""
+
+
+ReplyLike: TypeAlias = str | ScriptedReply | BaseException
+ReplyFn: TypeAlias = Callable[[ScriptedRequest], ReplyLike | Awaitable[ReplyLike]]
+
+
+class ScriptExhaustedError(RolloutsError):
+    """A list-scripted model was called more times than it has replies."""
+
+
+_MODELS: dict[str, ScriptedModel] = {}
+_ids = itertools.count(1)
+
+
+class ScriptedModel:
+    """A model whose replies are scripted. See the module docstring."""
+
+    def __init__(
+        self,
+        replies: Sequence[ReplyLike] | ReplyFn,
+        *,
+        name: str | None = None,
+        latency_s: float = 0.0,
+        chunk_size: int = 8,
+    ) -> None:
+        assert chunk_size > 0
+        self.name = name or f"scripted-{next(_ids)}"
+        self.latency_s = latency_s
+        self.chunk_size = chunk_size
+        if callable(replies):
+            self._fn: ReplyFn | None = replies
+            self._replies: tuple[ReplyLike, ...] = ()
+        else:
+            self._fn = None
+            self._replies = tuple(replies)
+        self.calls = 0
+        self.last_request: ScriptedRequest | None = None
+        _MODELS[self.name] = self
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(provider="scripted", model=self.name)
+
+    async def _reply(self, request: ScriptedRequest) -> ScriptedReply:
+        if self._fn is not None:
+            r = self._fn(request)
+            if inspect.isawaitable(r):
+                r = await r
+        else:
+            if request.call_index >= len(self._replies):
+                raise ScriptExhaustedError(
+                    f"scripted model {self.name!r} has {len(self._replies)} replies but was called "
+                    f"{request.call_index + 1} times; add replies or use a reply function"
+                )
+            r = self._replies[request.call_index]
+        if isinstance(r, BaseException):
+            raise r
+        if isinstance(r, str):
+            return ScriptedReply(text=r)
+        assert isinstance(r, ScriptedReply), f"a scripted reply must be str or ScriptedReply, got {r!r}"
+        return r
+
+
+def get_scripted_model(name: str) -> ScriptedModel:
+    try:
+        return _MODELS[name]
+    except KeyError:
+        raise RolloutsError(
+            f"no scripted model named {name!r}; create it with ScriptedModel(..., name={name!r}) "
+            "in this process before using its endpoint"
+        ) from None
+
+
+def _chunks(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def _estimate_usage(messages: tuple[Message, ...], reply: ScriptedReply) -> Usage:
+    """~4 characters per token, as a stand-in when the script gives no usage."""
+    n_in = sum(len(m.text) for m in messages)
+    n_out = len(reply.text) + len(reply.thinking or "")
+    for tc in reply.tool_calls:
+        n_out += len(tc.arguments if isinstance(tc.arguments, str) else json.dumps(tc.arguments))
+    return Usage(input_tokens=max(1, n_in // 4), output_tokens=max(1, n_out // 4))
+
+
+async def stream_scripted(actor: Actor, on_chunk: OnChunk) -> Actor:
+    """The provider function for `provider="scripted"`."""
+    model = get_scripted_model(actor.endpoint.model)
+    messages = actor.trajectory.messages
+    started = time.perf_counter()
+    await on_chunk(LLMCallStart(provider="scripted", model=model.name))
+    request = ScriptedRequest(messages, actor.tools, actor.endpoint, model.calls)
+    model.calls += 1
+    model.last_request = request
+    if model.latency_s > 0:
+        await trio.sleep(model.latency_s)
+    reply = await model._reply(request)
+
+    builder = MessageBuilder("scripted", model.name)
+
+    async def emit(event: Any) -> None:
+        builder.feed(event)
+        await on_chunk(event)
+
+    await emit(StreamStart())
+    ttft = time.perf_counter() - started
+    idx = 0
+    size = model.chunk_size
+    if reply.thinking:
+        await emit(ThinkingStart(idx))
+        for piece in _chunks(reply.thinking, size):
+            await emit(ThinkingDelta(idx, piece))
+        await emit(ThinkingEnd(idx, reply.thinking, signature=f"sig-{model.name}"))
+        idx += 1
+    if reply.text:
+        await emit(TextStart(idx))
+        for piece in _chunks(reply.text, size):
+            await emit(TextDelta(idx, piece))
+        await emit(TextEnd(idx, reply.text))
+        idx += 1
+    for n, tc in enumerate(reply.tool_calls):
+        call_id = tc.id or f"call_{model.calls}_{n}"
+        raw = tc.arguments if isinstance(tc.arguments, str) else json.dumps(tc.arguments)
+        await emit(ToolCallStart(idx, call_id, tc.name))
+        buf = ""
+        for piece in _chunks(raw, size):
+            buf += piece
+            try:
+                partial = parse_partial_json(buf)
+            except ValueError:
+                partial = None
+            await emit(ToolCallDelta(idx, call_id, piece, partial if isinstance(partial, dict) else None))
+        try:
+            args = json.loads(raw) if raw.strip() else {}
+            if not isinstance(args, dict):
+                raise ValueError(f"arguments must be a JSON object, got {type(args).__name__}")
+        except ValueError as e:
+            await emit(ToolCallError(idx, call_id, tc.name, f"invalid JSON arguments: {e}", raw))
+        else:
+            await emit(ToolCallEnd(idx, ToolCall(call_id, tc.name, args, raw)))
+        idx += 1
+    finish = reply.finish_reason or ("tool_use" if reply.tool_calls else "stop")
+    await emit(StreamDone(finish, reply.usage or _estimate_usage(messages, reply)))
+    message = builder.finish()
+    completion = Completion(
+        provider="scripted",
+        model=model.name,
+        finish_reason=finish,
+        message_index=len(messages),
+        duration_s=time.perf_counter() - started,
+        time_to_first_token_s=ttft,
+    )
+    return append_assistant(actor, message, completion)

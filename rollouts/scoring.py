@@ -1,0 +1,137 @@
+"""Scores: named metrics with weights, and the Sample an evaluation produces."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rollouts.dtypes import Trajectory
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One measured quantity. `weight > 0` makes it count towards the reward; `weight == 0`
+    tracks it only. `metadata` may carry `feedback` text (GEPA reads it)."""
+
+    name: str
+    value: float
+    weight: float = 0.0
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.weight < 0:
+            raise ValueError(f"Metric {self.name!r}: weight must be >= 0, got {self.weight}")
+        if not isinstance(self.value, int | float) or math.isnan(self.value):
+            raise ValueError(f"Metric {self.name!r}: value must be a number, got {self.value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "value": self.value, "weight": self.weight, "metadata": dict(self.metadata)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Metric:
+        return cls(data["name"], data["value"], data.get("weight", 0.0), data.get("metadata", {}))
+
+
+@dataclass(frozen=True)
+class Score:
+    """A set of metrics. `reward` is the weighted mean of the metrics with weight > 0 (0.0 if none)."""
+
+    metrics: tuple[Metric, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.metrics, list):
+            object.__setattr__(self, "metrics", tuple(self.metrics))
+        names = [m.name for m in self.metrics]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Score has duplicate metric names: {names}")
+
+    @property
+    def reward(self) -> float:
+        weighted = [(m.value, m.weight) for m in self.metrics if m.weight > 0]
+        total = sum(w for _, w in weighted)
+        if total == 0:
+            return 0.0
+        return sum(v * w for v, w in weighted) / total
+
+    def get(self, name: str) -> Metric | None:
+        for m in self.metrics:
+            if m.name == name:
+                return m
+        return None
+
+    @property
+    def feedback(self) -> str:
+        """All metrics' `metadata['feedback']` texts joined, for reflection."""
+        return "\n".join(str(m.metadata["feedback"]) for m in self.metrics if m.metadata.get("feedback"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metrics": [m.to_dict() for m in self.metrics], "reward": self.reward}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Score:
+        return cls(tuple(Metric.from_dict(m) for m in data.get("metrics", ())))
+
+
+SampleStatus = Literal["pending", "completed", "failed", "provider_error"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One dataset row run through an agent: its input, trajectory, score and outcome."""
+
+    id: str
+    input: Mapping[str, Any] = field(default_factory=dict)
+    trajectory: Trajectory | None = None
+    score: Score | None = None
+    status: SampleStatus = "pending"
+    error: str | None = None
+    stop_reason: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ground_truth(self) -> Any:
+        """The row's `ground_truth` (or `answer`) field, if any."""
+        return self.input.get("ground_truth", self.input.get("answer"))
+
+    @property
+    def response(self) -> str:
+        """The text of the last assistant message ('' if none)."""
+        if self.trajectory is None:
+            return ""
+        for m in reversed(self.trajectory.messages):
+            if m.role == "assistant":
+                return m.text
+        return ""
+
+    @property
+    def reward(self) -> float:
+        return self.score.reward if self.score is not None else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "input": dict(self.input),
+            "trajectory": self.trajectory.to_dict() if self.trajectory is not None else None,
+            "score": self.score.to_dict() if self.score is not None else None,
+            "status": self.status,
+            "error": self.error,
+            "stop_reason": self.stop_reason,
+            "metadata": dict(self.metadata),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Sample:
+        traj = data.get("trajectory")
+        score = data.get("score")
+        return cls(
+            id=data["id"],
+            input=data.get("input", {}),
+            trajectory=Trajectory.from_dict(traj) if traj is not None else None,
+            score=Score.from_dict(score) if score is not None else None,
+            status=data.get("status", "pending"),
+            error=data.get("error"),
+            stop_reason=data.get("stop_reason"),
+            metadata=data.get("metadata", {}),
+        )
