@@ -113,10 +113,13 @@ class ScriptedModel:
         name: str | None = None,
         latency_s: float = 0.0,
         chunk_size: int = 8,
+        chunk_delay_s: float = 0.0,
     ) -> None:
         assert chunk_size > 0
+        assert chunk_delay_s >= 0
         self.name = name or f"scripted-{next(_ids)}"
         self.latency_s = latency_s
+        self.chunk_delay_s = chunk_delay_s
         self.chunk_size = chunk_size
         if callable(replies):
             self._fn: ReplyFn | None = replies
@@ -193,6 +196,8 @@ async def stream_scripted(actor: Actor, on_chunk: OnChunk) -> Actor:
     async def emit(event: Any) -> None:
         builder.feed(event)
         await on_chunk(event)
+        if model.chunk_delay_s > 0 and isinstance(event, TextDelta | ThinkingDelta | ToolCallDelta):
+            await trio.sleep(model.chunk_delay_s)
 
     await emit(StreamStart())
     ttft = time.perf_counter() - started
