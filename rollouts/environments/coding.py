@@ -1,0 +1,403 @@
+"""CodingEnvironment: read, write, edit files and run bash inside one root directory.
+
+Every path a tool receives is resolved against the root (symlinks included) and refused when it
+lands outside: `../x`, `/etc/passwd` and a symlink pointing out of the root all give a clear
+error result. `bash` runs in the root in its own process group with a timeout; the whole group
+is killed on timeout, on cancellation and when the command ends, and its output is capped.
+
+Presets choose the tools: `read_only` (read, ls, glob, grep), `no_write` (those plus bash) and
+`full` (everything). The files themselves are the environment's state on disk; `serialize()`
+captures the root and the settings, so clones made by the agent loop share the directory.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import trio
+
+from rollouts.dtypes import ToolCall, ToolResult
+from rollouts.environments._process import run_command
+from rollouts.environments.tools import ToolEnvironment, ToolError, tool
+
+if TYPE_CHECKING:
+    from typing import Self
+
+__all__ = ["PRESETS", "CodingEnvironment", "Preset"]
+
+Preset = Literal["read_only", "no_write", "full"]
+PRESETS: Mapping[str, tuple[str, ...]] = {
+    "read_only": ("read", "ls", "glob", "grep"),
+    "no_write": ("read", "ls", "glob", "grep", "bash"),
+    "full": ("read", "write", "edit", "bash", "ls", "glob", "grep"),
+}
+_WRITE_TOOLS = frozenset({"write", "edit"})
+_SKIP_DIRS = frozenset({".git", "__pycache__", "node_modules", ".venv", ".mypy_cache", ".ruff_cache"})
+_MAX_LIST = 500
+_MAX_GREP_FILE_BYTES = 2_000_000
+
+
+class CodingEnvironment(ToolEnvironment):
+    """File and shell tools confined to `root`.
+
+    Args:
+        root: the working directory (must exist).
+        preset: which tools to offer: "read_only", "no_write" or "full".
+        bash_timeout: default seconds before a bash command's process group is killed.
+        max_bash_timeout: the largest timeout the model may ask for.
+        max_output_bytes: bash output kept (head and tail) per command.
+        max_read_chars: characters `read` returns per call (use offset/limit for more).
+        confirm_bash / confirm_writes: mark bash / write+edit calls `requires_confirmation`.
+        bash_env: extra environment variables for bash commands.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        preset: Preset = "full",
+        bash_timeout: float = 30.0,
+        max_bash_timeout: float = 600.0,
+        max_output_bytes: int = 30_000,
+        max_read_chars: int = 50_000,
+        confirm_bash: bool = False,
+        confirm_writes: bool = False,
+        bash_env: Mapping[str, str] | None = None,
+    ) -> None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        root_path = Path(root)
+        if not root_path.is_dir():
+            raise ValueError(f"CodingEnvironment root {str(root)!r} is not an existing directory; create it first")
+        if bash_timeout <= 0 or max_bash_timeout < bash_timeout:
+            raise ValueError("bash_timeout must be > 0 and <= max_bash_timeout")
+        self.root = os.path.realpath(root_path)
+        self.preset: Preset = preset
+        self.bash_timeout = float(bash_timeout)
+        self.max_bash_timeout = float(max_bash_timeout)
+        self.max_output_bytes = int(max_output_bytes)
+        self.max_read_chars = int(max_read_chars)
+        self.confirm_bash = confirm_bash
+        self.confirm_writes = confirm_writes
+        self.bash_env = dict(bash_env or {})
+
+    # ---- protocol -------------------------------------------------------------------------
+
+    def enabled_tools(self) -> Sequence[str]:
+        return PRESETS[self.preset]
+
+    def requires_confirmation(self, tool_call: ToolCall) -> bool:
+        if tool_call.name == "bash":
+            return self.confirm_bash
+        if tool_call.name in _WRITE_TOOLS:
+            return self.confirm_writes
+        return False
+
+    def get_status_info(self) -> dict[str, str]:
+        return {"root": self.root, "preset": self.preset}
+
+    async def serialize(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "preset": self.preset,
+            "bash_timeout": self.bash_timeout,
+            "max_bash_timeout": self.max_bash_timeout,
+            "max_output_bytes": self.max_output_bytes,
+            "max_read_chars": self.max_read_chars,
+            "confirm_bash": self.confirm_bash,
+            "confirm_writes": self.confirm_writes,
+            "bash_env": dict(self.bash_env),
+        }
+
+    @classmethod
+    async def deserialize(cls, data: dict[str, Any]) -> Self:
+        return cls(**data)
+
+    # ---- paths ----------------------------------------------------------------------------
+
+    def resolve(self, path: str) -> Path:
+        """The real path of `path` (relative to the root), or ToolError if it leaves the root."""
+        if not isinstance(path, str) or not path.strip():
+            raise ToolError("A path is required (relative to the working directory, e.g. 'src/main.py').")
+        if "\x00" in path:
+            raise ToolError(f"Invalid path {path!r}: contains a NUL byte.")
+        joined = os.path.join(self.root, os.path.expanduser(path) if path.startswith("~") else path)
+        real = os.path.realpath(joined)
+        if real != self.root and not real.startswith(self.root + os.sep):
+            norm = os.path.normpath(joined)
+            via_link = norm == self.root or norm.startswith(self.root + os.sep)
+            why = f"it goes through a symlink that leads to {real}" if via_link else f"it resolves to {real}"
+            raise ToolError(
+                f"Access denied: {path!r} is outside the working directory {self.root} ({why}). "
+                "Use paths inside the working directory."
+            )
+        return Path(real)
+
+    def _rel(self, p: Path) -> str:
+        rel = os.path.relpath(p, self.root)
+        return "." if rel == "." else rel
+
+    # ---- tools ----------------------------------------------------------------------------
+
+    @tool
+    async def read(self, path: str, offset: int = 1, limit: int | None = None) -> str:
+        """Read a text file, with line numbers. Long files come in pieces: pass `offset` (first
+        line, 1-based) and `limit` (number of lines) to read further.
+
+        Args:
+            path: File path relative to the working directory.
+            offset: First line to show (1-based).
+            limit: Maximum number of lines to show.
+        """
+        p = self.resolve(path)
+        if offset < 1:
+            raise ToolError(f"offset must be >= 1 (lines are numbered from 1), got {offset}.")
+        if limit is not None and limit < 1:
+            raise ToolError(f"limit must be >= 1, got {limit}.")
+        return await trio.to_thread.run_sync(self._read_sync, p, path, offset, limit)
+
+    def _read_sync(self, p: Path, shown: str, offset: int, limit: int | None) -> str:
+        if p.is_dir():
+            raise ToolError(f"{shown!r} is a directory; use ls to list it.")
+        if not p.is_file():
+            raise ToolError(f"File not found: {shown!r}. Use ls or glob to find the right path.")
+        data = p.read_bytes()
+        if b"\x00" in data[:8192]:
+            raise ToolError(f"{shown!r} looks like a binary file ({len(data)} bytes); read only reads text files.")
+        lines = data.decode("utf-8", errors="replace").splitlines()
+        n = len(lines)
+        if n == 0:
+            return f"({shown} is empty)"
+        if offset > n:
+            raise ToolError(f"offset {offset} is past the end of {shown!r}, which has {n} lines.")
+        end = n if limit is None else min(n, offset - 1 + limit)
+        out: list[str] = []
+        size = 0
+        last = offset - 1
+        width = len(str(end))
+        for i in range(offset - 1, end):
+            line = f"{i + 1:>{width}}\t{lines[i]}"
+            if size + len(line) + 1 > self.max_read_chars and out:
+                break
+            if len(line) > self.max_read_chars:
+                line = line[: self.max_read_chars] + " [line truncated]"
+            out.append(line)
+            size += len(line) + 1
+            last = i + 1
+        text = "\n".join(out)
+        if last < n:
+            text += f"\n\n[Showing lines {offset}-{last} of {n}. Use offset={last + 1} to read more.]"
+        return text
+
+    @tool
+    async def write(self, path: str, content: str) -> str:
+        """Create or overwrite a file with `content` (parent directories are created).
+
+        Args:
+            path: File path relative to the working directory.
+            content: The complete new file content.
+        """
+        p = self.resolve(path)
+        if p.is_dir():
+            raise ToolError(f"{path!r} is a directory; give a file path.")
+
+        def _write() -> int:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            return p.write_text(content, encoding="utf-8")
+
+        await trio.to_thread.run_sync(_write)
+        return f"Wrote {len(content.encode('utf-8'))} bytes to {self._rel(p)}."
+
+    @tool
+    async def edit(self, path: str, old_text: str, new_text: str, replace_all: bool = False) -> str:
+        """Replace exact text in a file. `old_text` must match the file exactly (whitespace
+        included) and be unique unless `replace_all` is true; read the file first.
+
+        Args:
+            path: File path relative to the working directory.
+            old_text: The exact text to replace.
+            new_text: The replacement text.
+            replace_all: Replace every occurrence instead of requiring exactly one.
+        """
+        p = self.resolve(path)
+        if old_text == "":
+            raise ToolError("old_text must not be empty; to create a file use write.")
+        if old_text == new_text:
+            raise ToolError("old_text and new_text are identical; nothing would change.")
+
+        def _edit() -> int:
+            if not p.is_file():
+                raise ToolError(f"File not found: {path!r}. Use ls or glob to find the right path.")
+            text = p.read_text(encoding="utf-8")
+            count = text.count(old_text)
+            if count == 0:
+                raise ToolError(
+                    f"old_text was not found in {path!r}. It must match exactly, including whitespace and "
+                    "indentation; read the file and copy the text."
+                )
+            if count > 1 and not replace_all:
+                raise ToolError(
+                    f"old_text occurs {count} times in {path!r}; include more surrounding lines to make it "
+                    "unique, or set replace_all to true."
+                )
+            p.write_text(text.replace(old_text, new_text), encoding="utf-8")
+            return count
+
+        count = await trio.to_thread.run_sync(_edit)
+        return f"Replaced {count} occurrence{'s' if count != 1 else ''} in {self._rel(p)}."
+
+    @tool
+    async def bash(self, command: str, timeout_seconds: float | None = None) -> ToolResult:
+        """Run a bash command in the working directory and return its output and exit code.
+        Background processes are stopped when the command finishes.
+
+        Args:
+            command: The command line, run with `bash -c`.
+            timeout_seconds: Seconds before the command is killed (default set by the environment).
+        """
+        t = self.bash_timeout if timeout_seconds is None else float(timeout_seconds)
+        if not 0 < t <= self.max_bash_timeout:
+            raise ToolError(f"timeout must be between 0 and {self.max_bash_timeout:g} seconds, got {timeout_seconds}.")
+        shell = shutil.which("bash") or "/bin/sh"
+        env = {**os.environ, **self.bash_env}
+        r = await run_command(
+            [shell, "-c", command], cwd=self.root, timeout_s=t, max_output_bytes=self.max_output_bytes, env=env
+        )
+        output = r.output.rstrip("\n")
+        if r.timed_out:
+            status = f"[Timed out after {t:g}s: the command and its child processes were killed.]"
+        else:
+            status = f"[exit code {r.exit_code}]"
+        text = f"{output}\n{status}" if output else status
+        details = {"exit_code": r.exit_code, "timed_out": r.timed_out, "truncated": r.truncated, "pid": r.pid}
+        return ToolResult("", text, is_error=r.timed_out or r.exit_code != 0, details=details)
+
+    @tool
+    async def ls(self, path: str = ".") -> str:
+        """List a directory (directories end with '/').
+
+        Args:
+            path: Directory relative to the working directory.
+        """
+        p = self.resolve(path)
+
+        def _ls() -> str:
+            if not p.is_dir():
+                raise ToolError(f"{path!r} is not a directory.")
+            entries = sorted(os.scandir(p), key=lambda e: e.name)
+            names = [e.name + ("/" if e.is_dir() else "") for e in entries[:_MAX_LIST]]
+            if not names:
+                return f"({self._rel(p)} is empty)"
+            more = f"\n[{len(entries) - _MAX_LIST} more entries not shown]" if len(entries) > _MAX_LIST else ""
+            return "\n".join(names) + more
+
+        return await trio.to_thread.run_sync(_ls)
+
+    def _walk_files(self, base: Path) -> list[Path]:
+        files: list[Path] = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+            for f in sorted(filenames):
+                full = Path(dirpath) / f
+                real = os.path.realpath(full)
+                if real == self.root or real.startswith(self.root + os.sep):
+                    files.append(full)
+        return files
+
+    @tool
+    async def glob(self, pattern: str) -> str:
+        """Find files whose path (relative to the working directory) matches a glob pattern,
+        e.g. '**/*.py' or 'src/*.txt'.
+
+        Args:
+            pattern: The glob pattern.
+        """
+        if os.path.isabs(pattern) or ".." in Path(pattern).parts:
+            raise ToolError(f"Pattern {pattern!r} must be relative to the working directory and not contain '..'.")
+
+        def _glob() -> str:
+            regex = _glob_regex(pattern)
+            hits = [self._rel(f) for f in self._walk_files(Path(self.root)) if regex.match(self._rel(f))]
+            if not hits:
+                return f"No files match {pattern!r}."
+            more = f"\n[{len(hits) - _MAX_LIST} more matches not shown]" if len(hits) > _MAX_LIST else ""
+            return "\n".join(hits[:_MAX_LIST]) + more
+
+        return await trio.to_thread.run_sync(_glob)
+
+    @tool
+    async def grep(self, pattern: str, path: str = ".", include: str | None = None, ignore_case: bool = False) -> str:
+        """Search file contents with a regular expression; prints `file:line: text`.
+
+        Args:
+            pattern: A Python regular expression.
+            path: File or directory to search, relative to the working directory.
+            include: Only search files whose name matches this glob, e.g. '*.py'.
+            ignore_case: Match case-insensitively.
+        """
+        try:
+            regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+        except re.error as e:
+            raise ToolError(f"Invalid regular expression {pattern!r}: {e}") from None
+        p = self.resolve(path)
+
+        def _grep() -> str:
+            files = [p] if p.is_file() else self._walk_files(p)
+            hits: list[str] = []
+            for f in files:
+                if include and not fnmatch.fnmatch(f.name, include):
+                    continue
+                try:
+                    if f.stat().st_size > _MAX_GREP_FILE_BYTES:
+                        continue
+                    data = f.read_bytes()
+                except OSError:
+                    continue
+                if b"\x00" in data[:8192]:
+                    continue
+                for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+                    if regex.search(line):
+                        hits.append(f"{self._rel(f)}:{n}: {line[:300]}")
+                        if len(hits) > _MAX_LIST:
+                            return "\n".join(hits[:_MAX_LIST]) + f"\n[more than {_MAX_LIST} matches; narrow the search]"
+            return "\n".join(hits) if hits else f"No matches for {pattern!r}."
+
+        return await trio.to_thread.run_sync(_grep)
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """A regex for a path glob: `**` spans directories, `*` and `?` stay within one."""
+    out = ""
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out += "(?:.*/)?"
+            i += 3
+        elif pattern.startswith("**", i):
+            out += ".*"
+            i += 2
+        elif c == "*":
+            out += "[^/]*"
+            i += 1
+        elif c == "?":
+            out += "[^/]"
+            i += 1
+        elif c == "[":
+            j = pattern.find("]", i + 1)
+            if j == -1:
+                out += re.escape(c)
+                i += 1
+            else:
+                out += "[" + pattern[i + 1 : j].replace("\\", "\\\\") + "]"
+                i = j + 1
+        else:
+            out += re.escape(c)
+            i += 1
+    return re.compile(out + r"\Z")
