@@ -1,0 +1,271 @@
+"""GitWorktreeEnvironment: a CodingEnvironment in its own git worktree, one commit per change.
+
+    env = await GitWorktreeEnvironment.create("path/to/repo")   # new branch + worktree
+    try:
+        states = await run_agent(AgentState(actor, env), run_config)
+    finally:
+        await env.aclose()                                       # removes the worktree
+
+Each environment works on its own branch (`rollouts/<id>`, renamed to `rollouts/session-<id>`
+when a session starts) checked out in its own worktree, created from the repository's default
+branch (origin's HEAD, else main/master/trunk, else the checked-out branch) or `base_ref`. Every
+tool call that changes files (write, edit, bash) is committed, so a trajectory maps to a commit
+history; the branch is kept after cleanup. `serialize()` records the repository, branch,
+worktree and head; `deserialize()` re-attaches to the same worktree without creating anything
+(it re-adds the worktree for the branch only when its directory has gone, e.g. on resume after
+cleanup).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from rollouts.dtypes import AgentState, ToolCall, ToolResult
+from rollouts.environments.coding import CodingEnvironment
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from rollouts.run_config import RunConfig
+
+__all__ = ["GitError", "GitWorktreeEnvironment", "default_branch"]
+
+_MUTATING_TOOLS = frozenset({"write", "edit", "bash"})
+_DEFAULT_NAMES = ("main", "master", "trunk")
+_GIT_IDENTITY = ("-c", "user.name=rollouts", "-c", "user.email=rollouts@localhost", "-c", "commit.gpgsign=false")
+_GIT_TIMEOUT_S = 60.0
+
+
+class GitError(RuntimeError):
+    """A git command failed; the message has the command and git's own error text."""
+
+
+async def _git(cwd: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(_GIT_TIMEOUT_S):
+        r = await trio.run_process(
+            ["git", *args],
+            cwd=cwd,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"},
+        )
+    if check and r.returncode != 0:
+        err = r.stderr.decode("utf-8", errors="replace").strip()
+        raise GitError(f"`git {' '.join(args)}` failed in {cwd} (exit {r.returncode}): {err}")
+    return r
+
+
+def _is_dir(path: str) -> bool:
+    """A quick stat (kept out of async bodies on purpose: it never blocks for long)."""
+    return os.path.isdir(path)
+
+
+def _out(r: subprocess.CompletedProcess[bytes]) -> str:
+    return r.stdout.decode("utf-8", errors="replace").strip()
+
+
+async def _ref_exists(repo: str, ref: str) -> bool:
+    return (await _git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False)).returncode == 0
+
+
+async def default_branch(repo: str) -> str:
+    """The repository's default branch: origin's HEAD, else main/master/trunk (the checked-out
+    one first if several exist), else the checked-out branch."""
+    r = await _git(repo, "symbolic-ref", "--quiet", "--short", "refs/remotes/origin/HEAD", check=False)
+    if r.returncode == 0 and _out(r):
+        remote_ref = _out(r)
+        local = remote_ref.split("/", 1)[1] if "/" in remote_ref else remote_ref
+        return local if await _ref_exists(repo, f"refs/heads/{local}") else remote_ref
+    r = await _git(repo, "symbolic-ref", "--quiet", "--short", "HEAD", check=False)
+    current = _out(r) if r.returncode == 0 else ""
+    existing = [n for n in _DEFAULT_NAMES if await _ref_exists(repo, f"refs/heads/{n}")]
+    if current in existing:
+        return current
+    if existing:
+        return existing[0]
+    if current and await _ref_exists(repo, f"refs/heads/{current}"):
+        return current
+    raise GitError(f"could not find a default branch with commits in {repo}; pass base_ref='<branch or commit>'")
+
+
+class GitWorktreeEnvironment(CodingEnvironment):
+    """Coding tools in a per-session git worktree; every change is a commit. Use `create()`."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        repo: str,
+        branch: str,
+        base_commit: str,
+        head: str | None = None,
+        rename_on_session: bool = True,
+        **coding_kwargs: Any,
+    ) -> None:
+        """Attach to an existing worktree; to make a new one call `await GitWorktreeEnvironment.create(repo)`."""
+        super().__init__(root, **coding_kwargs)
+        self.repo = repo
+        self.branch = branch
+        self.base_commit = base_commit
+        self.head = head or base_commit
+        self.rename_on_session = rename_on_session
+
+    @classmethod
+    async def create(
+        cls,
+        repo: str | os.PathLike[str],
+        *,
+        base_ref: str | None = None,
+        branch: str | None = None,
+        worktrees_dir: str | os.PathLike[str] | None = None,
+        **coding_kwargs: Any,
+    ) -> Self:
+        """Make a new branch and worktree from `base_ref` (default: the default branch).
+
+        `branch` names the branch (default `rollouts/<random id>`, renamed after the session when
+        one starts); `worktrees_dir` is where worktree directories go (default: the temp dir);
+        other keyword arguments go to `CodingEnvironment` (preset, bash_timeout, ...)."""
+        repo_path = str(await trio.Path(repo).resolve())
+        if not _is_dir(repo_path):
+            raise ValueError(f"repository {str(repo)!r} does not exist")
+        r = await _git(repo_path, "rev-parse", "--show-toplevel", check=False)
+        if r.returncode != 0:
+            raise ValueError(f"{str(repo)!r} is not a git repository (run `git init` and commit first)")
+        top = _out(r)
+        base = base_ref or await default_branch(top)
+        rb = await _git(top, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}", check=False)
+        if rb.returncode != 0:
+            raise ValueError(f"base_ref {base!r} is not a branch or commit in {top}")
+        base_commit = _out(rb)
+        auto_named = branch is None
+        branch_name = branch or f"rollouts/{uuid.uuid4().hex[:12]}"
+        if worktrees_dir is not None:
+            os.makedirs(worktrees_dir, exist_ok=True)
+        path = tempfile.mkdtemp(prefix="rollouts-wt-", dir=worktrees_dir)
+        try:
+            await _git(top, "worktree", "add", "--quiet", "-b", branch_name, path, base_commit)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        return cls(
+            path,
+            repo=top,
+            branch=branch_name,
+            base_commit=base_commit,
+            rename_on_session=auto_named,
+            **coding_kwargs,
+        )
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    async def on_session_start(self, session_id: str) -> None:
+        """Name the branch after the session (only when `create()` chose the branch name)."""
+        if not self.rename_on_session:
+            return
+        new = f"rollouts/session-{session_id}"
+        if new != self.branch:
+            await _git(self.repo, "branch", "-m", self.branch, new)
+            self.branch = new
+
+    async def cleanup(self, *, delete_branch: bool = False) -> None:
+        """Remove the worktree (idempotent). The branch, and so the commit history, is kept
+        unless `delete_branch`."""
+        with trio.CancelScope(shield=True):
+            if _is_dir(self.root):
+                r = await _git(self.repo, "worktree", "remove", "--force", self.root, check=False)
+                if r.returncode != 0:
+                    shutil.rmtree(self.root, ignore_errors=True)
+            await _git(self.repo, "worktree", "prune", check=False)
+            if delete_branch:
+                await _git(self.repo, "branch", "-D", self.branch, check=False)
+
+    async def aclose(self) -> None:
+        """Same as `cleanup()`."""
+        await self.cleanup()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ---- tools ----------------------------------------------------------------------------
+
+    async def exec_tool(
+        self,
+        tool_call: ToolCall,
+        state: AgentState,
+        run_config: RunConfig,
+        cancel_scope: trio.CancelScope | None = None,
+    ) -> ToolResult:
+        if not _is_dir(self.root):
+            return ToolResult(
+                tool_call.id,
+                f"The worktree {self.root} no longer exists (the environment was cleaned up).",
+                is_error=True,
+            )
+        result = await super().exec_tool(tool_call, state, run_config, cancel_scope)
+        if tool_call.name not in _MUTATING_TOOLS:
+            return result
+        sha = await self._commit(tool_call)
+        if sha is None:
+            return result
+        details = {**dict(result.details or {}), "commit": sha}
+        return dataclasses.replace(result, details=details)
+
+    async def _commit(self, call: ToolCall) -> str | None:
+        """Commit every change in the worktree; the new commit's sha, or None if nothing changed."""
+        status = await _git(self.root, "status", "--porcelain", "--untracked-files=all")
+        if not _out(status):
+            return None
+        await _git(self.root, "add", "-A")
+        args = call.arguments
+        if call.name == "bash":
+            first = str(args.get("command", "")).strip().splitlines()[0] if args.get("command") else ""
+            subject = f"bash: {first[:60]}{'...' if len(first) > 60 else ''}"
+        else:
+            subject = f"{call.name}: {args.get('path', '')}"
+        message = f"{subject}\n\nTool-Call-Id: {call.id}\n"
+        await _git(self.root, *_GIT_IDENTITY, "commit", "--quiet", "--no-verify", "-m", message)
+        self.head = _out(await _git(self.root, "rev-parse", "HEAD"))
+        return self.head
+
+    async def commits(self) -> list[str]:
+        """Subjects of the commits made on this branch since the base, oldest first."""
+        r = await _git(self.repo, "log", "--reverse", "--format=%s", f"{self.base_commit}..{self.branch}")
+        return [line for line in _out(r).splitlines() if line]
+
+    # ---- protocol -------------------------------------------------------------------------
+
+    def get_status_info(self) -> dict[str, str]:
+        return {**super().get_status_info(), "branch": self.branch, "head": self.head[:12]}
+
+    async def serialize(self) -> dict[str, Any]:
+        data = await super().serialize()
+        data.update(
+            repo=self.repo,
+            branch=self.branch,
+            base_commit=self.base_commit,
+            head=self.head,
+            rename_on_session=self.rename_on_session,
+        )
+        return data
+
+    @classmethod
+    async def deserialize(cls, data: dict[str, Any]) -> Self:
+        data = dict(data)
+        root = data.pop("root")
+        if not _is_dir(root):
+            # Resuming after the worktree was removed: check the branch out again in the same place.
+            await _git(data["repo"], "worktree", "prune", check=False)
+            await _git(data["repo"], "worktree", "add", "--quiet", root, data["branch"])
+        return cls(root, **data)
