@@ -1,36 +1,121 @@
-"""The `rollouts` command line."""
+"""The `rollouts` command line.
+
+Subcommands live in their own modules and are imported only when used, so `rollouts --help` stays
+fast and a piece that is not installed gives a clear error instead of breaking every command.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Sequence
+
+from rollouts.cli.common import CLIError, HelpFormatter, redact
+
+EXAMPLES = """\
+examples:
+  rollouts run -m anthropic/claude-sonnet-4-5 -p "What is a trio nursery?"
+  rollouts run -m local/qwen2.5-coder-0.5b            # chat offline with the embedded model
+  rollouts run -m scripted/calculator --env calculator -p "what is 7 + 5 * 3?"
+  rollouts eval data.jsonl -m openai/gpt-4.1 --score exact_match --output results/
+  rollouts sessions list
+  rollouts doctor
+
+models are written provider/model; API keys are read from the provider's environment variable
+(ANTHROPIC_API_KEY, OPENAI_API_KEY, GEMINI_API_KEY/GOOGLE_API_KEY) or --api-key-env NAME.
+Named endpoints and defaults can live in rollouts.toml or ~/.config/rollouts/config.toml.
+`rollouts COMMAND --help` shows each command's options and examples.
+"""
+
+# name -> (module, one-line help). The module defines add_parser(subparsers).
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("rollouts.cli.run", "run an agent: one question (-p) or an interactive chat"),
+    "eval": ("rollouts.cli.eval", "run a dataset through an agent and score it"),
+    "sessions": ("rollouts.cli.sessions", "list, show, branch and export recorded sessions"),
+    "gepa": ("rollouts.cli.gepa", "evolve a prompt with GEPA"),
+    "demo": ("rollouts.cli.demo", "run the calculator agent demo"),
+    "doctor": ("rollouts.cli.doctor", "check the installation, keys, local model and storage"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rollouts", description="Run LLM agents as composable rollouts.")
+def _chosen_command(argv: Sequence[str]) -> str | None:
+    for arg in argv:
+        if arg in _COMMANDS:
+            return arg
+        if not arg.startswith("-"):
+            return None
+    return None
+
+
+def _missing(reason: str, name: str) -> int:
+    raise CLIError(f"`rollouts {name}` is not available in this installation ({reason})", exit_code=1)
+
+
+def _add_command(sub: argparse._SubParsersAction, name: str) -> None:  # type: ignore[type-arg]
+    module_name, help_text = _COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        reason = f"{module_name} is missing" if e.name == module_name else f"{module_name}: {e}"
+        p = sub.add_parser(name, help=help_text, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=lambda args: _missing(reason, name))
+        return
+    add_parser = getattr(module, "add_parser", None)
+    if add_parser is not None:
+        add_parser(sub)
+        return
+    # a module with only main(args), such as the demo
+    p = sub.add_parser(name, help=help_text, description=help_text.capitalize() + ".", formatter_class=HelpFormatter)
+    p.set_defaults(func=module.main)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser. Only the subcommand named in `argv` is imported and fully built."""
+    parser = argparse.ArgumentParser(
+        prog="rollouts",
+        description="Run LLM agents as composable, reproducible rollouts.",
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
+    from rollouts import __version__
+
+    parser.add_argument("--version", action="version", version=f"rollouts {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = sub.add_parser("demo", help="run the calculator agent demo")
-    demo.set_defaults(func=_cmd_demo)
+    chosen = _chosen_command(sys.argv[1:] if argv is None else argv)
+    for name, (_, help_text) in _COMMANDS.items():
+        if name == chosen:
+            _add_command(sub, name)
+        else:
+            sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from rollouts.cli.demo import main as demo_main
-
-    return demo_main(args)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(args_list)
+    args = parser.parse_args(args_list)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
+    except CLIError as e:
+        print(f"rollouts: error: {redact(str(e))}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        from rollouts.errors import ConfigurationError, RolloutsError
+
+        if not isinstance(e, RolloutsError):
+            raise
+        code = 2 if isinstance(e, ConfigurationError) else 1
+        extra = (getattr(args, "api_key_env", None),) if getattr(args, "api_key_env", None) else ()
+        print(f"rollouts: error: {redact(str(e), extra)}", file=sys.stderr)  # type: ignore[arg-type]
+        return code
 
 
 if __name__ == "__main__":
