@@ -24,7 +24,21 @@ from rollouts.dtypes import (
     Trajectory,
     Usage,
 )
-from rollouts.environments import BasicEnvironment, CalculatorEnvironment, Environment, EnvironmentBase
+from rollouts.environments import (
+    BasicEnvironment,
+    BrowsingEnvironment,
+    CalculatorEnvironment,
+    CodingEnvironment,
+    ComposedEnvironment,
+    Environment,
+    EnvironmentBase,
+    GitWorktreeEnvironment,
+    ToolEnvironment,
+    ToolError,
+    check_environment,
+    compose,
+    tool,
+)
 from rollouts.errors import (
     AuthenticationError,
     ConfigurationError,
@@ -143,4 +157,14 @@ __all__ = [
     "run_agent",
     "run_agent_step",
     "tool_call",
+    # environments (issue 6)
+    "BrowsingEnvironment",
+    "CodingEnvironment",
+    "ComposedEnvironment",
+    "GitWorktreeEnvironment",
+    "ToolEnvironment",
+    "ToolError",
+    "check_environment",
+    "compose",
+    "tool",
 ]
