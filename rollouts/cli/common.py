@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -177,8 +178,6 @@ def load_callable(ref: str, what: str) -> Callable[..., Any]:
         sys.path.insert(0, os.getcwd())
     try:
         if module_name.endswith(".py") or os.sep in module_name:
-            import importlib.util
-
             path = Path(module_name).resolve()
             if not path.is_file():
                 raise CLIError(f"{what}: no such file {module_name}")

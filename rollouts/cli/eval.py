@@ -1,0 +1,325 @@
+"""`rollouts eval`: run a dataset (JSONL or CSV) through an agent, score it, keep the results.
+
+Results go to `--output DIR` (default: `<results dir>/<dataset>-<model>`): `samples.jsonl`
+grows as samples finish and `report.json` holds the summary. Running the same command again
+resumes: finished samples are reused and only missing or failed ones run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from rollouts.cli.common import (
+    CLIError,
+    HelpFormatter,
+    add_env_args,
+    add_model_args,
+    get_config,
+    load_callable,
+    make_environment,
+    model_config_from_args,
+    read_system_prompt,
+)
+from rollouts.config import RolloutsConfig
+from rollouts.dtypes import Message
+
+EXAMPLES = """\
+examples:
+  rollouts eval data.jsonl -m openai/gpt-4.1 --score exact_match
+  rollouts eval data.csv -m anthropic/claude-sonnet-4-5 --score my_evals:score --max-concurrent 32
+  rollouts eval math.jsonl -m scripted/calculator --env calculator --score my_evals:score --output runs/math
+  rollouts eval data.jsonl -m local/qwen2.5-coder-0.5b --prepare my_evals:prepare --max-samples 20
+
+rows: each row is a JSON object (or CSV line). By default the user message is the row's
+`prompt`, `question` or `input` field (or its `messages` list) and the expected answer is
+`answer` or `ground_truth`; --prepare module:function turns a row into messages instead.
+--score takes a built-in scorer name (see `rollouts eval --list-scorers`) or module:function
+(a function Sample -> Score, sync or async). module may also be a path to a .py file.
+
+results: --output DIR (default: ./results/<dataset>-<model>, or [defaults] results_dir in
+rollouts.toml, or $ROLLOUTS_RESULTS_DIR). Running again with the same output resumes.
+
+exit status: 0 every sample completed, 1 some samples failed, 2 usage or configuration error,
+130 interrupted by Ctrl-C (finished samples are kept; run again to resume).
+"""
+
+RESULTS_DIR_ENV = "ROLLOUTS_RESULTS_DIR"
+DEFAULT_RESULTS_DIR = "results"
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "eval",
+        help="run a dataset through an agent and score it",
+        description="Run every row of a dataset through an agent, score it, and keep the results (resumable).",
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("dataset", nargs="?", metavar="DATASET", help="a .jsonl or .csv file")
+    add_model_args(p)
+    add_env_args(p, default="basic")
+    g = p.add_argument_group("evaluation")
+    g.add_argument("--prepare", metavar="MODULE:FUNCTION", help="row -> list of Messages (sync or async)")
+    g.add_argument("--score", metavar="NAME|MODULE:FUNCTION", help="built-in scorer name or Sample -> Score function")
+    g.add_argument("--list-scorers", action="store_true", help="list the built-in scorers and exit")
+    g.add_argument("--system-prompt", metavar="TEXT", help="system prompt added before each row's messages")
+    g.add_argument("--system-prompt-file", metavar="FILE", help="read the system prompt from FILE")
+    g.add_argument("--max-concurrent", type=int, metavar="N", help="samples in flight at once (default 8)")
+    g.add_argument("--max-samples", type=int, metavar="N", help="evaluate only the first N rows")
+    g.add_argument("--max-turns", type=int, metavar="N", help="model turns per sample (default 10)")
+    g.add_argument("--sample-timeout", type=float, metavar="SECONDS", help="time limit per sample")
+    g.add_argument("--output", metavar="DIR", help="results directory (resumes when it exists)")
+    g.add_argument("--name", metavar="NAME", help="evaluation name (default: from the dataset and model)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--json", action="store_true", help="print the final report as JSON instead of a table")
+    p.set_defaults(func=main)
+    return p
+
+
+# --------------------------------------------------------------------------------------------
+# scorers and datasets
+# --------------------------------------------------------------------------------------------
+
+
+def _scorers_module() -> Any:
+    try:
+        import rollouts.scorers as scorers  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+    return scorers
+
+
+def builtin_scorers() -> dict[str, Callable[..., Any]]:
+    """Name -> score function (Sample -> Score) of the scorers `rollouts.scorers` offers by name."""
+    mod = _scorers_module()
+    if mod is None:
+        return {}
+    for attr in ("BUILTIN_SCORERS", "SCORERS", "SCORERS_BY_NAME"):
+        table = getattr(mod, attr, None)
+        if isinstance(table, Mapping):
+            return dict(table)
+    getter = getattr(mod, "scorer_names", None)
+    if callable(getter):
+        return {name: mod.get_scorer(name) for name in getter()}
+    return {}
+
+
+def _resolve_scorer(ref: str) -> Callable[..., Any]:
+    if ":" in ref:
+        return load_callable(ref, "--score")
+    table = builtin_scorers()
+    mod = _scorers_module()
+    get = getattr(mod, "get_scorer", None) if mod is not None else None
+    if ref in table:
+        return table[ref]
+    if callable(get):
+        try:
+            fn = get(ref)
+        except (KeyError, ValueError, LookupError):
+            fn = None
+        if fn is not None:
+            return fn  # type: ignore[no-any-return]
+    known = ", ".join(sorted(table)) or "(none installed)"
+    raise CLIError(f"unknown scorer {ref!r}; built-in scorers: {known}; or pass module:function")
+
+
+def _load_dataset(path: str) -> Any:
+    from rollouts.eval_io import load_csv, load_jsonl
+
+    p = Path(path)
+    if not p.is_file():
+        raise CLIError(f"dataset {path!r} does not exist")
+    suffix = p.suffix.lower()
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return load_jsonl(p)
+    if suffix in (".csv", ".tsv"):
+        return load_csv(p, delimiter="\t") if suffix == ".tsv" else load_csv(p)
+    raise CLIError(f"dataset {path!r}: unknown format {suffix or '(no extension)'}; use .jsonl or .csv")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:80] or "eval"
+
+
+def _with_system(prepare: Callable[..., Any], system_prompt: str) -> Callable[..., Any]:
+    async def prepare_with_system(row: Mapping[str, Any]) -> Sequence[Message]:
+        out = prepare(row)
+        if hasattr(out, "__await__"):
+            out = await out
+        msgs = list(out)
+        if msgs and msgs[0].role == "system":
+            return msgs
+        return [Message("system", system_prompt), *msgs]
+
+    prepare_with_system.__qualname__ = f"{getattr(prepare, '__qualname__', 'prepare')}+system_prompt"
+    return prepare_with_system
+
+
+# --------------------------------------------------------------------------------------------
+# output
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+def format_table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, r in enumerate(rows):
+        lines.append(
+            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        )
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def summary_text(report: Any) -> str:
+    s = report.summary
+    c = s["counts"]
+    head = (
+        f"{report.eval_name}: {c['total']} samples [{report.status}] in {report.duration_s:.1f}s "
+        f"(completed {c['completed']}, failed {c['failed']}, provider errors {c['provider_error']}, "
+        f"reused {report.reused})"
+    )
+    rows = [["metric", "mean", "min", "max", "std"]]
+    r = s["reward"]
+    rows.append(["reward", _fmt(r["mean"]), _fmt(r["min"]), _fmt(r["max"]), _fmt(r["std"])])
+    for name, st in s["metrics"].items():
+        rows.append([name, _fmt(st["mean"]), _fmt(st["min"]), _fmt(st["max"]), _fmt(st["std"])])
+    t = s["tokens"]
+    tail = f"tokens {t['total']} (in {t['input']}, out {t['output']}), cost ${s['cost_usd']:.4f}"
+    if s["turns"]["mean"] is not None:
+        tail += f", turns/sample {s['turns']['mean']:.2f}"
+    lines = [head, "", format_table(rows), "", tail]
+    failed = [x for x in report.samples if x.status in ("failed", "provider_error")]
+    for x in failed[:5]:
+        lines.append(f"  {x.id}: {x.status}: {(x.error or '').splitlines()[0][:160] if x.error else ''}")
+    if len(failed) > 5:
+        lines.append(f"  ... and {len(failed) - 5} more (see samples.jsonl)")
+    if report.output_dir:
+        lines.append(f"results: {report.output_dir}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------------------------
+
+
+def _results_root(config: RolloutsConfig) -> Path:
+    chosen = os.environ.get(RESULTS_DIR_ENV) or config.defaults.get("results_dir") or DEFAULT_RESULTS_DIR
+    return Path(str(chosen)).expanduser()
+
+
+async def _run(dataset: Any, eval_config: Any) -> tuple[Any, bool]:
+    """evaluate() under a SIGINT receiver: Ctrl-C cancels it (results so far are kept)."""
+    from rollouts.evaluation import evaluate, load_report
+
+    interrupted = False
+    report = None
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            eval_scope = trio.CancelScope()
+
+            async def watch() -> None:
+                nonlocal interrupted
+                async for _ in signals:
+                    interrupted = True
+                    print("\n^C stopping; finished samples are kept (run again to resume)", file=sys.stderr)
+                    eval_scope.cancel()
+                    return
+
+            nursery.start_soon(watch)
+            with eval_scope:
+                report = await evaluate(dataset, eval_config)
+            nursery.cancel_scope.cancel()
+    if report is None:
+        if eval_config.output_dir is None:
+            return None, interrupted
+        report = load_report(eval_config.output_dir)
+    return report, interrupted
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.list_scorers:
+        table = builtin_scorers()
+        if not table:
+            print("no built-in scorers installed (rollouts.scorers); use --score module:function")
+            return 0
+        for name, fn in sorted(table.items()):
+            doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
+            print(f"{name:24s} {doc[0] if doc else ''}")
+        return 0
+    if not args.dataset:
+        raise CLIError("give a dataset file: rollouts eval DATA.jsonl -m provider/model")
+    for flag in ("max_concurrent", "max_samples", "max_turns"):
+        value = getattr(args, flag)
+        if value is not None and value < (0 if flag == "max_samples" else 1):
+            raise CLIError(f"--{flag.replace('_', '-')} must be at least {0 if flag == 'max_samples' else 1}")
+    try:
+        from rollouts.evaluation import EvalConfig, default_prepare_messages
+    except ImportError as e:
+        raise CLIError(f"`rollouts eval` needs rollouts.evaluation, which is not available ({e})", 1) from None
+    config = get_config()
+    model_cfg = model_config_from_args(args, config)
+    endpoint = model_cfg.to_endpoint()
+    dataset = _load_dataset(args.dataset)
+    prepare = load_callable(args.prepare, "--prepare") if args.prepare else default_prepare_messages
+    system_prompt = read_system_prompt(args, config)
+    if system_prompt:
+        prepare = _with_system(prepare, system_prompt)
+    score_fn = _resolve_scorer(args.score) if args.score else None
+    if args.env and args.env != "basic":
+        make_environment(args.env, args.cwd, confirm=False)  # fail now, not once per sample
+    env_name, cwd = args.env or "basic", args.cwd
+
+    def environment_factory() -> Any:
+        return make_environment(env_name, cwd, confirm=False)
+
+    environment_factory.__qualname__ = f"cli_environment[{env_name}]"
+    name = args.name or _slug(f"{Path(args.dataset).stem}-{endpoint.provider}-{endpoint.model}")
+    output = Path(args.output).expanduser() if args.output else _results_root(config) / name
+    max_concurrent = args.max_concurrent or int(config.defaults.get("max_concurrent") or 8)
+    if output.exists() and not args.json:
+        print(f"resuming in {output}", file=sys.stderr)
+    eval_config = EvalConfig(
+        endpoint=endpoint,
+        score_fn=score_fn,
+        prepare_messages=prepare,
+        environment_factory=environment_factory,
+        max_turns=args.max_turns,
+        max_samples=args.max_samples,
+        max_concurrent=max_concurrent,
+        sample_timeout_s=args.sample_timeout,
+        output_dir=output,
+        eval_name=name,
+        show_progress=not args.no_progress,
+        metadata={"dataset": str(Path(args.dataset).resolve()), "model": f"{endpoint.provider}/{endpoint.model}"},
+    )
+    report, interrupted = trio.run(_run, dataset, eval_config)
+    if report is None:
+        return 130
+    if args.json:
+        import json
+
+        print(json.dumps(report.to_dict(), ensure_ascii=False))
+    else:
+        print(summary_text(report))
+    if interrupted or report.status == "cancelled":
+        return 130
+    counts = report.summary["counts"]
+    if report.status != "completed" or counts["failed"] or counts["provider_error"]:
+        return 1
+    return 0
