@@ -47,6 +47,9 @@ from rollouts.errors import (
     RolloutsError,
     UnknownProviderError,
 )
+from rollouts.eval_io import load_csv, load_jsonl
+from rollouts.eval_summary import group_samples, summarize, summarize_groups
+from rollouts.evaluation import EvalConfig, EvalReport, evaluate, evaluate_sample, load_report
 from rollouts.events import (
     LLMCallStart,
     StreamDone,
@@ -83,11 +86,39 @@ from rollouts.partial_json import parse_partial_json
 from rollouts.providers import get_provider_function, register_provider
 from rollouts.providers.scripted import ScriptedModel, ScriptedReply, ScriptedToolCall, tool_call
 from rollouts.run_config import RunConfig
+from rollouts.scorers import (
+    combine,
+    exact_match,
+    extract_last_number,
+    extract_regex,
+    extract_tag,
+    llm_judge,
+    metric,
+    numeric_match,
+)
 from rollouts.scoring import Metric, Sample, Score
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "EvalConfig",
+    "EvalReport",
+    "combine",
+    "evaluate",
+    "evaluate_sample",
+    "exact_match",
+    "extract_last_number",
+    "extract_regex",
+    "extract_tag",
+    "group_samples",
+    "llm_judge",
+    "load_csv",
+    "load_jsonl",
+    "load_report",
+    "metric",
+    "numeric_match",
+    "summarize",
+    "summarize_groups",
     "Actor",
     "AgentState",
     "AuthenticationError",

@@ -1,0 +1,204 @@
+"""Files of an evaluation: dataset loaders, the append-only samples log, the atomic report.
+
+* `load_jsonl` / `load_csv` stream rows one at a time (never the whole file in memory).
+* `SampleLog` appends one finished `Sample` per line to `samples.jsonl` and flushes it, so a
+  crash loses at most the line being written; `read_sample_log` reads it back (last record per
+  id wins; a torn final line from a crash is ignored).
+* `write_json_atomic` writes through a temporary file and `os.replace`, so a reader never sees
+  a half-written `report.json`.
+* `redact_secrets` blanks secret-looking values before anything is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from rollouts.errors import ConfigurationError
+from rollouts.scoring import Sample
+
+SAMPLES_FILE = "samples.jsonl"
+REPORT_FILE = "report.json"
+
+_SECRET_KEY = re.compile(r"(api[_-]?key|secret|token|password|passwd|authorization|auth|credential|cookie)", re.I)
+_URL_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
+_TOKEN_COUNT_KEYS = frozenset(
+    {"max_tokens", "input_tokens", "output_tokens", "total_tokens", "reasoning_tokens", "max_completion_tokens"}
+)
+REDACTED = "[redacted]"
+
+
+# --------------------------------------------------------------------------------------------
+# Dataset loaders
+# --------------------------------------------------------------------------------------------
+
+
+def load_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Yield one dict per non-empty line of a JSONL file, lazily.
+
+    Raises ConfigurationError naming `file:line` for a line that is not a JSON object."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigurationError(f"dataset file {str(p)!r} does not exist")
+    with p.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigurationError(f"{p}:{lineno}: not valid JSON ({e.msg}); each line must be one object") from e
+            if not isinstance(row, dict):
+                raise ConfigurationError(f"{p}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            yield row
+
+
+def load_csv(path: str | Path, **reader_kwargs: Any) -> Iterator[dict[str, Any]]:
+    """Yield one dict per CSV row (keys from the header line), lazily. Values stay strings.
+
+    `reader_kwargs` go to `csv.DictReader` (e.g. `delimiter="\\t"`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigurationError(f"dataset file {str(p)!r} does not exist")
+    with p.open(encoding="utf-8", newline="") as f:
+        yield from csv.DictReader(f, **reader_kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# Secrets
+# --------------------------------------------------------------------------------------------
+
+
+def _is_secret_key(key: str) -> bool:
+    return key not in _TOKEN_COUNT_KEYS and not key.endswith("_tokens") and bool(_SECRET_KEY.search(key))
+
+
+def redact_secrets(value: Any) -> Any:
+    """A copy of `value` with secret-looking mapping entries (api_key, token, authorization, ...)
+    replaced by '[redacted]' and credentials removed from URLs. Recurses into dicts and lists."""
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            key = str(k)
+            if _is_secret_key(key) and v not in (None, "", {}, []):
+                out[key] = REDACTED
+            else:
+                out[key] = redact_secrets(v)
+        return out
+    if isinstance(value, list | tuple):
+        return [redact_secrets(v) for v in value]
+    if isinstance(value, str) and "@" in value and "://" in value:
+        return _URL_USERINFO.sub(r"\g<scheme>" + REDACTED + "@", value)
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# samples.jsonl
+# --------------------------------------------------------------------------------------------
+
+
+def sample_to_line(sample: Sample) -> str:
+    """One JSON line (with trailing newline). Values JSON cannot encode are written as strings."""
+    return json.dumps(sample.to_dict(), ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
+
+
+class SampleLog:
+    """Appends finished samples to `samples.jsonl`, one flushed line each."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        needs_newline = self.path.exists() and self.path.stat().st_size > 0 and not _ends_with_newline(self.path)
+        self._f: IO[str] | None = self.path.open("a", encoding="utf-8")
+        if needs_newline:  # a crash tore the last line: start ours on a fresh one
+            self._f.write("\n")
+            self._f.flush()
+        self.written = 0
+
+    def write(self, sample: Sample) -> None:
+        assert self._f is not None, "SampleLog.write after close"
+        self._f.write(sample_to_line(sample))
+        self._f.flush()
+        self.written += 1
+
+    def close(self) -> None:
+        if self._f is not None:
+            f, self._f = self._f, None
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                f.close()
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def iter_sample_log(path: str | Path) -> Iterator[Sample]:
+    """Every record in a samples log, in write order. A torn last line (crash mid-write) is
+    skipped; a bad line elsewhere raises ValueError naming `file:line`."""
+    p = Path(path)
+    if not p.exists():
+        return
+    with p.open(encoding="utf-8") as f:
+        pending: tuple[int, str] | None = None
+        for lineno, line in enumerate(f, 1):
+            if pending is not None:
+                yield _parse_sample_line(p, *pending)
+            pending = (lineno, line) if line.strip() else None
+        if pending is not None:
+            lineno, line = pending
+            if line.endswith("\n"):
+                yield _parse_sample_line(p, lineno, line)
+            else:
+                try:
+                    yield Sample.from_dict(json.loads(line))
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                    return  # torn by a crash mid-write; that sample simply runs again
+
+
+def _parse_sample_line(path: Path, lineno: int, line: str) -> Sample:
+    try:
+        return Sample.from_dict(json.loads(line))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}:{lineno}: not a sample record: {e}") from e
+
+
+def read_sample_log(path: str | Path) -> dict[str, Sample]:
+    """The latest record of each sample id in a samples log (later lines win)."""
+    return {s.id: s for s in iter_sample_log(path)}
+
+
+# --------------------------------------------------------------------------------------------
+# report.json
+# --------------------------------------------------------------------------------------------
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write `data` as pretty JSON to `path` atomically (temp file + fsync + os.replace)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            json.dump(data, f, ensure_ascii=False, indent=2, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def read_json(path: str | Path) -> Any:
+    with Path(path).open(encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,674 @@
+"""evaluate(): run every row of a dataset through an agent, concurrently, score it, keep it.
+
+    config = EvalConfig(
+        endpoint=Endpoint("openai", "gpt-4.1-mini"),
+        prepare_messages=lambda row: [Message("user", row["question"])],
+        score_fn=combine(metric("correct", exact_match(extract=extract_tag("answer")), weight=1)),
+        max_concurrent=64,
+        output_dir="runs/gsm8k",
+    )
+    report = await evaluate(load_jsonl("gsm8k.jsonl"), config)
+    print(report.summary["reward"]["mean"])
+
+How it runs:
+* One trio nursery; a `CapacityLimiter(max_concurrent)` bounds samples in flight, and the next
+  row is pulled from the dataset only when a slot is free, so a lazy dataset is never
+  materialised. Separate limiters bound concurrent model calls and tool executions (held by the
+  agent loop around each call, so a sample running a tool holds no model-call slot).
+* Each sample gets a fresh environment. Any exception in `prepare_messages`, the environment
+  factory, the agent or `score_fn` marks only that sample failed (error recorded); cancellation
+  always propagates. `AuthenticationError` stops the whole evaluation (every sample would fail).
+* A run that ends in a provider error (after the Endpoint's own retries) is continued from where
+  it failed up to `provider_error_retries` more times, with exponential backoff; then the sample
+  is recorded with status `provider_error`.
+* With `output_dir`, each finished sample is appended to `samples.jsonl` (with its trajectory)
+  and flushed; `report.json` (config without secrets + summary) is written atomically at the end,
+  also on Ctrl-C or cancellation. Running again with the same `output_dir` reuses completed
+  samples and reruns only missing, failed and provider-error ones; the report covers them all.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import time
+import traceback
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal, TypeAlias
+
+import trio
+
+from rollouts.agents import run_agent
+from rollouts.dtypes import Actor, AgentState, Endpoint, Message, StopReason, Trajectory, now_iso
+from rollouts.environments.base import Environment
+from rollouts.errors import AuthenticationError, ConfigurationError
+from rollouts.eval_io import (
+    REPORT_FILE,
+    SAMPLES_FILE,
+    SampleLog,
+    iter_sample_log,
+    read_json,
+    read_sample_log,
+    redact_secrets,
+    write_json_atomic,
+)
+from rollouts.eval_progress import ProgressBar
+from rollouts.eval_summary import flat_summary, format_summary, summarize
+from rollouts.events import StreamEvent
+from rollouts.providers._clients import client_scope
+from rollouts.run_config import RunConfig
+from rollouts.scoring import Sample, Score
+
+Row: TypeAlias = Mapping[str, Any]
+ScoreFn: TypeAlias = Callable[[Sample], Score | Awaitable[Score]]
+PrepareMessages: TypeAlias = Callable[[Row], Sequence[Message] | Awaitable[Sequence[Message]]]
+EnvironmentFactory: TypeAlias = Callable[..., Environment | Awaitable[Environment]]
+OnSampleStart: TypeAlias = Callable[[str, Row], Awaitable[None] | None]
+OnSampleEvent: TypeAlias = Callable[[str, StreamEvent], Awaitable[None] | None]
+OnSampleEnd: TypeAlias = Callable[[Sample], Awaitable[None] | None]
+Dataset: TypeAlias = Iterable[Row] | AsyncIterable[Row]
+
+_DEFAULT_MAX_TURNS = 10
+
+
+def default_prepare_messages(row: Row) -> list[Message]:
+    """Messages from a row: its `messages` (dicts or Messages), else a user message from
+    `prompt`, `question` or `input` (after a `system` message if the row has one)."""
+    if "messages" in row:
+        msgs = row["messages"]
+        return [m if isinstance(m, Message) else Message.from_dict(m) for m in msgs]
+    for key in ("prompt", "question", "input"):
+        if isinstance(row.get(key), str):
+            out = [Message("system", row["system"])] if isinstance(row.get("system"), str) else []
+            out.append(Message("user", row[key]))
+            return out
+    raise ConfigurationError(
+        f"cannot build messages from a row with keys {sorted(row)}: give it a 'messages', 'prompt' or "
+        "'question' field, or set EvalConfig.prepare_messages"
+    )
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """How to evaluate a dataset. Only `endpoint` is required.
+
+    endpoint: the model under evaluation.
+    score_fn: `Sample -> Score`, sync or async (None: samples are not scored).
+    prepare_messages: `row -> messages`, sync or async.
+    environment_factory: builds a fresh Environment per sample; called with the row if it takes
+        an argument, else with none (so a class like `CalculatorEnvironment` works). Sync or async.
+    run_config: handlers for the agent loop (its limiters and cancel scope are set per sample).
+    max_turns: bound on model turns per sample (default: run_config.max_turns if given, else 10).
+    max_samples: evaluate only the first N rows.
+    max_concurrent: samples in flight at once.
+    max_concurrent_model_calls / max_concurrent_tools: limits on concurrent model calls / tool
+        executions across all samples (default: max_concurrent).
+    sample_timeout_s: time limit per sample (including retries and scoring); a sample over it
+        fails with its partial trajectory kept.
+    provider_error_retries: how many times a run that ended in a provider error is continued
+        (after the Endpoint's own per-call retries), waiting `retry_backoff_s * 2**k` (jittered,
+        at most `retry_backoff_max_s`) in between.
+    output_dir: where `samples.jsonl` and `report.json` go; also enables resume.
+    eval_name: names the evaluation in the report (resume refuses a different name).
+    show_progress: draw a progress bar on stderr when it is a terminal.
+    on_sample_start(sample_id, row) / on_sample_event(sample_id, event) / on_sample_end(sample):
+        callbacks, sync or async; an exception in one fails that sample.
+    metadata: free-form JSON-safe data recorded in report.json.
+    """
+
+    endpoint: Endpoint
+    score_fn: ScoreFn | None = None
+    prepare_messages: PrepareMessages = default_prepare_messages
+    environment_factory: EnvironmentFactory | None = None
+    run_config: RunConfig | None = None
+    max_turns: int | None = None
+    max_samples: int | None = None
+    max_concurrent: int = 8
+    max_concurrent_model_calls: int | None = None
+    max_concurrent_tools: int | None = None
+    sample_timeout_s: float | None = None
+    provider_error_retries: int = 2
+    retry_backoff_s: float = 1.0
+    retry_backoff_max_s: float = 30.0
+    output_dir: str | Path | None = None
+    eval_name: str = "eval"
+    show_progress: bool = True
+    on_sample_start: OnSampleStart | None = None
+    on_sample_event: OnSampleEvent | None = None
+    on_sample_end: OnSampleEnd | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        def positive(name: str, value: float | None, allow_none: bool = True) -> None:
+            if value is None and allow_none:
+                return
+            if value is None or value <= 0:
+                raise ConfigurationError(f"EvalConfig.{name} must be > 0, got {value!r}")
+
+        if not isinstance(self.endpoint, Endpoint):
+            raise ConfigurationError(f"EvalConfig.endpoint must be an Endpoint, got {type(self.endpoint).__name__}")
+        positive("max_concurrent", self.max_concurrent, allow_none=False)
+        positive("max_concurrent_model_calls", self.max_concurrent_model_calls)
+        positive("max_concurrent_tools", self.max_concurrent_tools)
+        positive("max_turns", self.max_turns)
+        positive("sample_timeout_s", self.sample_timeout_s)
+        if self.max_samples is not None and self.max_samples < 0:
+            raise ConfigurationError(f"EvalConfig.max_samples must be >= 0, got {self.max_samples}")
+        if not 0 <= self.provider_error_retries <= 100:
+            raise ConfigurationError(
+                f"EvalConfig.provider_error_retries must be between 0 and 100, got {self.provider_error_retries}"
+            )
+        if self.retry_backoff_s < 0 or self.retry_backoff_max_s < 0:
+            raise ConfigurationError("EvalConfig.retry_backoff_s and retry_backoff_max_s must be >= 0")
+        if not self.eval_name:
+            raise ConfigurationError("EvalConfig.eval_name must not be empty")
+        if self.run_config is not None and self.run_config.cancel_scope is not None:
+            raise ConfigurationError(
+                "EvalConfig.run_config.cancel_scope must be None: evaluate() gives each sample its own "
+                "(use sample_timeout_s for a time limit, or cancel the surrounding scope to stop the eval)"
+            )
+
+    @property
+    def effective_max_turns(self) -> int:
+        if self.max_turns is not None:
+            return self.max_turns
+        return self.run_config.max_turns if self.run_config is not None else _DEFAULT_MAX_TURNS
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe description without secrets (functions recorded by name)."""
+        return {
+            "eval_name": self.eval_name,
+            "endpoint": redact_secrets(self.endpoint.to_dict()),
+            "score_fn": _callable_name(self.score_fn),
+            "prepare_messages": _callable_name(self.prepare_messages),
+            "environment_factory": _callable_name(self.environment_factory),
+            "max_turns": self.effective_max_turns,
+            "max_samples": self.max_samples,
+            "max_concurrent": self.max_concurrent,
+            "max_concurrent_model_calls": self.max_concurrent_model_calls or self.max_concurrent,
+            "max_concurrent_tools": self.max_concurrent_tools or self.max_concurrent,
+            "sample_timeout_s": self.sample_timeout_s,
+            "provider_error_retries": self.provider_error_retries,
+            "retry_backoff_s": self.retry_backoff_s,
+            "retry_backoff_max_s": self.retry_backoff_max_s,
+            "output_dir": str(self.output_dir) if self.output_dir is not None else None,
+            "metadata": redact_secrets(dict(self.metadata)),
+        }
+
+
+def _callable_name(fn: Any) -> str | None:
+    if fn is None:
+        return None
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}:{name}"
+
+
+ReportStatus = Literal["completed", "cancelled", "failed"]
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """The outcome of `evaluate()`: every sample in dataset order and their summary.
+
+    `status` is "completed", "cancelled" (Ctrl-C / cancellation: samples in flight are missing)
+    or "failed" (the evaluation itself raised, e.g. a bad dataset line). `reused` counts samples
+    taken from an earlier run in the same output_dir."""
+
+    eval_name: str
+    samples: tuple[Sample, ...]
+    summary: Mapping[str, Any]
+    config: Mapping[str, Any]
+    status: ReportStatus = "completed"
+    started_at: str = ""
+    finished_at: str = ""
+    duration_s: float = 0.0
+    reused: int = 0
+    error: str | None = None
+    output_dir: str | None = None
+
+    @property
+    def summary_metrics(self) -> dict[str, float]:
+        """A flat view: `mean_reward`, `<metric>_mean`, `n_completed`, `total_tokens`, ..."""
+        return flat_summary(self.summary)
+
+    @property
+    def rewards(self) -> tuple[float, ...]:
+        """Each sample's reward in dataset order (0.0 for unscored samples)."""
+        return tuple(s.reward for s in self.samples)
+
+    def get(self, sample_id: str) -> Sample | None:
+        for s in self.samples:
+            if s.id == sample_id:
+                return s
+        return None
+
+    def format(self) -> str:
+        """A short human-readable summary."""
+        return f"{self.eval_name} [{self.status}] in {self.duration_s:.2f}s\n{format_summary(self.summary)}"
+
+    def to_dict(self, include_samples: bool = False) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "eval_name": self.eval_name,
+            "status": self.status,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "duration_s": self.duration_s,
+            "reused": self.reused,
+            "error": self.error,
+            "output_dir": self.output_dir,
+            "config": dict(self.config),
+            "summary": dict(self.summary),
+            "sample_ids": [s.id for s in self.samples],
+        }
+        if include_samples:
+            d["samples"] = [s.to_dict() for s in self.samples]
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], samples: Iterable[Sample] = ()) -> EvalReport:
+        given = tuple(samples) or tuple(Sample.from_dict(s) for s in data.get("samples", ()))
+        return cls(
+            eval_name=data["eval_name"],
+            samples=given,
+            summary=data.get("summary", {}),
+            config=data.get("config", {}),
+            status=data.get("status", "completed"),
+            started_at=data.get("started_at", ""),
+            finished_at=data.get("finished_at", ""),
+            duration_s=data.get("duration_s", 0.0),
+            reused=data.get("reused", 0),
+            error=data.get("error"),
+            output_dir=data.get("output_dir"),
+        )
+
+
+def load_report(output_dir: str | Path) -> EvalReport:
+    """Read `report.json` and the samples it lists (latest records) from `output_dir`."""
+    out = Path(output_dir)
+    data = read_json(out / REPORT_FILE)
+    by_id = read_sample_log(out / SAMPLES_FILE)
+    samples = tuple(by_id[i] for i in data.get("sample_ids", ()) if i in by_id)
+    return EvalReport.from_dict(data, samples)
+
+
+# --------------------------------------------------------------------------------------------
+# One sample
+# --------------------------------------------------------------------------------------------
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _takes_argument(fn: Callable[..., Any]) -> bool:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL):
+            return True
+    return False
+
+
+def _error_text(stage: str, e: BaseException) -> str:
+    return f"{stage}: {type(e).__name__}: {e}"
+
+
+def _base_metadata(started: float, attempts: int, states: Sequence[AgentState] | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"duration_s": round(time.perf_counter() - started, 6), "attempts": attempts}
+    if states:
+        last = states[-1]
+        meta["turns"] = last.turn_idx
+        meta["usage"] = last.actor.trajectory.total_usage().to_dict()
+    return meta
+
+
+def _backoff_delay(config: EvalConfig, retry: int) -> float:
+    base = min(config.retry_backoff_max_s, config.retry_backoff_s * (2**retry))
+    return base * (0.5 + random.random() / 2)  # "equal jitter": between half and all of it
+
+
+def _sample_run_config(config: EvalConfig, sample_id: str) -> RunConfig:
+    rc = config.run_config or RunConfig()
+    max_turns = config.effective_max_turns
+    if rc.max_turns != max_turns:
+        rc = replace(rc, max_turns=max_turns)
+    callback = config.on_sample_event
+    if callback is not None:
+        user_on_chunk = rc.on_chunk
+
+        async def on_chunk(event: StreamEvent) -> None:
+            await user_on_chunk(event)
+            result = callback(sample_id, event)
+            if inspect.isawaitable(result):
+                await result
+
+        rc = replace(rc, on_chunk=on_chunk)
+    return rc
+
+
+async def evaluate_sample(
+    row: Row, sample_id: str, config: EvalConfig, environment: Environment | None = None
+) -> Sample:
+    """Run one dataset row through the agent and score it.
+
+    Never raises for a problem of this sample (the returned Sample has status "failed" or
+    "provider_error" and `error` set); raises only `trio.Cancelled` (and other cancellation),
+    and `AuthenticationError`. `environment` overrides `config.environment_factory`."""
+    started = time.perf_counter()
+    deadline = trio.current_time() + config.sample_timeout_s if config.sample_timeout_s else float("inf")
+    sample = Sample(id=sample_id, input=row)
+    timeout_text = f"timed out after {config.sample_timeout_s}s (EvalConfig.sample_timeout_s)"
+
+    def failed(
+        error: str, stage_sample: Sample, attempts: int = 0, states: Sequence[AgentState] | None = None, **extra: Any
+    ) -> Sample:
+        meta = {**_base_metadata(started, attempts, states), **extra}
+        return replace(stage_sample, status="failed", error=error, metadata=meta)
+
+    # 1. callbacks, messages and environment
+    messages: Sequence[Message] = ()
+    env = environment
+    with trio.move_on_at(deadline) as setup_scope:
+        try:
+            if config.on_sample_start is not None:
+                await _maybe_await(config.on_sample_start(sample_id, row))
+        except Exception as e:
+            return await _finish(
+                config, failed(_error_text("on_sample_start", e), sample, traceback=traceback.format_exc())
+            )
+        try:
+            messages = tuple(await _maybe_await(config.prepare_messages(row)))
+            if not all(isinstance(m, Message) for m in messages):
+                raise TypeError(f"prepare_messages must return Messages, got {[type(m).__name__ for m in messages]}")
+            if not messages:
+                raise ValueError("prepare_messages returned no messages")
+        except Exception as e:
+            return await _finish(
+                config, failed(_error_text("prepare_messages", e), sample, traceback=traceback.format_exc())
+            )
+        if env is None and config.environment_factory is not None:
+            factory = config.environment_factory
+            try:
+                env = await _maybe_await(factory(row) if _takes_argument(factory) else factory())
+            except Exception as e:
+                return await _finish(
+                    config, failed(_error_text("environment_factory", e), sample, traceback=traceback.format_exc())
+                )
+    if setup_scope.cancelled_caught:
+        return await _finish(config, failed(timeout_text, sample))
+
+    # 2. the agent, continued after provider errors
+    rc = _sample_run_config(config, sample_id)
+    state = AgentState(
+        actor=Actor(Trajectory(tuple(messages)), config.endpoint, tuple(env.get_tools()) if env is not None else ()),
+        environment=env,
+    )
+    attempts = 0
+    states: list[AgentState] = [state]
+    try:
+        for retry in range(config.provider_error_retries + 1):
+            attempts += 1
+            run_states = await run_agent(state, replace(rc, cancel_scope=trio.CancelScope(deadline=deadline)))
+            states = states[:-1] + run_states if retry else run_states
+            last = states[-1]
+            if last.stop != StopReason.PROVIDER_ERROR or retry == config.provider_error_retries:
+                break
+            with trio.move_on_at(deadline):
+                await trio.sleep(_backoff_delay(config, retry))
+            if trio.current_time() >= deadline:
+                break
+            state = replace(last, stop=None, error=None)
+    except AuthenticationError:
+        raise
+    except Exception as e:
+        return await _finish(
+            config, failed(_error_text("agent", e), sample, attempts, states, traceback=traceback.format_exc())
+        )
+    last = states[-1]
+    sample = replace(
+        sample, trajectory=last.actor.trajectory, stop_reason=last.stop.value if last.stop is not None else None
+    )
+    if last.stop == StopReason.ABORTED or (trio.current_time() >= deadline and last.stop == StopReason.PROVIDER_ERROR):
+        return await _finish(config, failed(timeout_text, sample, attempts, states))
+    if last.stop == StopReason.PROVIDER_ERROR:
+        meta = _base_metadata(started, attempts, states)
+        return await _finish(config, replace(sample, status="provider_error", error=last.error, metadata=meta))
+
+    # 3. scoring
+    sample = replace(sample, status="completed", metadata=_base_metadata(started, attempts, states))
+    if config.score_fn is not None:
+        with trio.move_on_at(deadline) as score_scope:
+            try:
+                score = await _maybe_await(config.score_fn(sample))
+                if not isinstance(score, Score):
+                    raise TypeError(f"score_fn must return a Score, got {type(score).__name__}")
+            except Exception as e:
+                return await _finish(
+                    config,
+                    failed(_error_text("score_fn", e), sample, attempts, states, traceback=traceback.format_exc()),
+                )
+        if score_scope.cancelled_caught:
+            return await _finish(config, failed(timeout_text + " while scoring", sample, attempts, states))
+        sample = replace(sample, score=score, metadata=_base_metadata(started, attempts, states))
+    return await _finish(config, sample)
+
+
+async def _finish(config: EvalConfig, sample: Sample) -> Sample:
+    """Call on_sample_end; if it raises, the sample is recorded as failed with that error."""
+    if config.on_sample_end is None:
+        return sample
+    try:
+        await _maybe_await(config.on_sample_end(sample))
+    except Exception as e:
+        meta = {**sample.metadata, "traceback": traceback.format_exc()}
+        return replace(sample, status="failed", error=_error_text("on_sample_end", e), metadata=meta)
+    return sample
+
+
+# --------------------------------------------------------------------------------------------
+# A dataset
+# --------------------------------------------------------------------------------------------
+
+
+def sample_id_for(row: Row, index: int) -> str:
+    """A row's stable id: its own `id` field if it has one, else its index in the dataset."""
+    rid = row.get("id")
+    return str(rid) if rid is not None and rid != "" else str(index)
+
+
+class _Rows:
+    """Pulls rows one at a time from a sync or async iterable (never more than asked for)."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self._sync: Iterator[Row] | None = None
+        self._async: Any = None
+        if hasattr(dataset, "__aiter__"):
+            self._async = dataset.__aiter__()
+        elif isinstance(dataset, Iterable):
+            self._sync = iter(dataset)
+        else:
+            raise ConfigurationError(f"a dataset must be an iterable of dicts, got {type(dataset).__name__}")
+
+    async def next(self) -> Row | None:
+        if self._sync is not None:
+            return next(self._sync, None)
+        try:
+            row: Row = await self._async.__anext__()
+        except StopAsyncIteration:
+            return None
+        return row
+
+
+def _dataset_len(dataset: Dataset, max_samples: int | None) -> int | None:
+    n: int | None = None
+    try:
+        n = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        n = None
+    if max_samples is not None:
+        return min(n, max_samples) if n is not None else max_samples
+    return n
+
+
+def _check_resumable(out: Path, config: EvalConfig) -> None:
+    report = out / REPORT_FILE
+    if not report.exists():
+        return
+    try:
+        previous = read_json(report)
+    except ValueError:
+        return  # unreadable report: samples.jsonl is the source of truth
+    name = previous.get("eval_name")
+    if name is not None and name != config.eval_name:
+        raise ConfigurationError(
+            f"output_dir {str(out)!r} holds results of eval {name!r}, not {config.eval_name!r}: "
+            "use the same eval_name to resume it, or another output_dir"
+        )
+    prev_ep = previous.get("config", {}).get("endpoint", {})
+    for key in ("provider", "model"):
+        if key in prev_ep and prev_ep[key] != getattr(config.endpoint, key):
+            raise ConfigurationError(
+                f"output_dir {str(out)!r} holds results for {key} {prev_ep[key]!r}, not "
+                f"{getattr(config.endpoint, key)!r}: use another output_dir for a different model"
+            )
+
+
+def _is_cancellation(e: BaseException) -> bool:
+    if isinstance(e, BaseExceptionGroup):
+        return all(_is_cancellation(x) for x in e.exceptions)
+    return isinstance(e, trio.Cancelled | KeyboardInterrupt)
+
+
+async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
+    """Evaluate every row of `dataset` (any iterable or async iterable of dicts, read lazily).
+
+    Returns an EvalReport with samples in dataset order. See the module docstring for
+    concurrency, failure isolation, persistence and resume."""
+    started_at, t0 = now_iso(), time.perf_counter()
+    out = Path(config.output_dir) if config.output_dir is not None else None
+    previous: dict[str, Sample] = {}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        _check_resumable(out, config)
+        previous = {s.id: s for s in iter_sample_log(out / SAMPLES_FILE) if s.status == "completed"}
+
+    rc = config.run_config or RunConfig()
+    rc = replace(
+        rc,
+        max_turns=config.effective_max_turns,
+        model_limiter=trio.CapacityLimiter(config.max_concurrent_model_calls or config.max_concurrent),
+        tool_limiter=trio.CapacityLimiter(config.max_concurrent_tools or config.max_concurrent),
+    )
+    run_cfg = replace(config, run_config=rc)
+
+    order: list[str] = []
+    first_index: dict[str, int] = {}
+    results: dict[str, Sample] = {}
+    reused = 0
+    slots = trio.CapacityLimiter(config.max_concurrent)
+    progress = ProgressBar(
+        _dataset_len(dataset, config.max_samples),
+        enabled=None if config.show_progress else False,
+        label=config.eval_name,
+    )
+    log = SampleLog(out / SAMPLES_FILE) if out is not None else None
+
+    fatal: list[BaseException] = []  # an error that ends the whole evaluation (raised after the nursery)
+
+    async def run_one(row: Row, sid: str, token: object, cancel_all: trio.CancelScope) -> None:
+        try:
+            sample = await evaluate_sample(row, sid, run_cfg)
+        except AuthenticationError as e:
+            fatal.append(e)
+            cancel_all.cancel()
+            return
+        finally:
+            slots.release_on_behalf_of(token)
+        results[sid] = sample
+        if log is not None:
+            log.write(sample)
+        progress.update(sample)
+
+    async def feed(nursery: trio.Nursery) -> None:
+        nonlocal reused
+        rows = _Rows(dataset)
+        index = 0
+        while config.max_samples is None or index < config.max_samples:
+            token = object()
+            await slots.acquire_on_behalf_of(token)
+            try:
+                row = await rows.next()
+                if row is None:
+                    slots.release_on_behalf_of(token)
+                    return
+                if not isinstance(row, Mapping):
+                    raise ConfigurationError(f"dataset row {index} is a {type(row).__name__}; every row must be a dict")
+                sid = sample_id_for(row, index)
+                if sid in first_index:
+                    raise ConfigurationError(
+                        f"dataset rows {first_index[sid]} and {index} have the same id {sid!r}; "
+                        "sample ids must be unique (remove the 'id' field to use row indices)"
+                    )
+            except BaseException:
+                slots.release_on_behalf_of(token)
+                raise
+            first_index[sid] = index
+            order.append(sid)
+            index += 1
+            done = previous.get(sid)
+            if done is None:
+                nursery.start_soon(run_one, row, sid, token, nursery.cancel_scope)
+                continue
+            slots.release_on_behalf_of(token)
+            results[sid] = done
+            reused += 1
+            progress.update(done, reused=True)
+
+    status: ReportStatus = "failed"
+    error: str | None = None
+    try:
+        async with client_scope():
+            async with trio.open_nursery() as nursery:
+                try:
+                    await feed(nursery)
+                except Exception as e:  # the dataset itself is broken: stop everything
+                    fatal.append(e)
+                    nursery.cancel_scope.cancel()
+        if fatal:
+            raise fatal[0]
+        status = "completed"
+    except BaseException as e:
+        if _is_cancellation(e):
+            status = "cancelled"
+        else:
+            error = _error_text("evaluate", e)
+        raise
+    finally:
+        # Synchronous on purpose: no checkpoint here, so cancellation cannot interrupt it.
+        progress.close()
+        if log is not None:
+            log.close()
+        samples = tuple(results[sid] for sid in order if sid in results)
+        report = EvalReport(
+            eval_name=config.eval_name,
+            samples=samples,
+            summary=summarize(samples),
+            config=config.to_dict(),
+            status=status,
+            started_at=started_at,
+            finished_at=now_iso(),
+            duration_s=round(time.perf_counter() - t0, 6),
+            reused=reused,
+            error=error,
+            output_dir=str(out) if out is not None else None,
+        )
+        if out is not None:
+            write_json_atomic(out / REPORT_FILE, report.to_dict())
+    return report
