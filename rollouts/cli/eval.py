@@ -98,38 +98,47 @@ def _scorers_module() -> Any:
     return scorers
 
 
-def builtin_scorers() -> dict[str, Callable[..., Any]]:
-    """Name -> score function (Sample -> Score) of the scorers `rollouts.scorers` offers by name."""
+def _metric_factories() -> dict[str, tuple[Callable[[], Any], str]]:
+    """Name -> (metric function factory, description), built from rollouts.scorers."""
     mod = _scorers_module()
     if mod is None:
         return {}
-    for attr in ("BUILTIN_SCORERS", "SCORERS", "SCORERS_BY_NAME"):
-        table = getattr(mod, attr, None)
-        if isinstance(table, Mapping):
-            return dict(table)
-    getter = getattr(mod, "scorer_names", None)
-    if callable(getter):
-        return {name: mod.get_scorer(name) for name in getter()}
-    return {}
+    return {
+        "exact_match": (lambda: mod.exact_match(), "the response equals the row's answer (normalised)"),
+        "exact_match_tag": (
+            lambda: mod.exact_match(extract=mod.extract_tag("answer")),
+            "the text inside <answer>...</answer> equals the row's answer",
+        ),
+        "boxed_match": (
+            lambda: mod.exact_match(extract=mod.extract_boxed),
+            "the \\boxed{...} answer equals the row's answer",
+        ),
+        "numeric_match": (lambda: mod.numeric_match(), "the last number in the response equals the answer"),
+        "contains": (lambda: mod.contains(), "the row's answer appears in the response"),
+    }
+
+
+def builtin_scorers() -> dict[str, str]:
+    """Built-in scorer names and what they check. Combine several with commas:
+    `--score exact_match,contains` (each metric weighted 1)."""
+    return {name: doc for name, (_, doc) in _metric_factories().items()}
 
 
 def _resolve_scorer(ref: str) -> Callable[..., Any]:
     if ":" in ref:
         return load_callable(ref, "--score")
-    table = builtin_scorers()
+    factories = _metric_factories()
+    names = [n.strip() for n in ref.split(",") if n.strip()]
+    unknown = [n for n in names if n not in factories]
+    if unknown or not names:
+        known = ", ".join(sorted(factories)) or "(none: rollouts.scorers is not installed)"
+        raise CLIError(
+            f"unknown scorer {', '.join(unknown) or ref!r}; built-in scorers: {known}; or pass module:function"
+        )
     mod = _scorers_module()
-    get = getattr(mod, "get_scorer", None) if mod is not None else None
-    if ref in table:
-        return table[ref]
-    if callable(get):
-        try:
-            fn = get(ref)
-        except (KeyError, ValueError, LookupError):
-            fn = None
-        if fn is not None:
-            return fn  # type: ignore[no-any-return]
-    known = ", ".join(sorted(table)) or "(none installed)"
-    raise CLIError(f"unknown scorer {ref!r}; built-in scorers: {known}; or pass module:function")
+    specs = [mod.metric(n, factories[n][0](), weight=1.0) for n in names]
+    fn: Callable[..., Any] = mod.combine(*specs)
+    return fn
 
 
 def _load_dataset(path: str) -> Any:
@@ -258,9 +267,9 @@ def main(args: argparse.Namespace) -> int:
         if not table:
             print("no built-in scorers installed (rollouts.scorers); use --score module:function")
             return 0
-        for name, fn in sorted(table.items()):
-            doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
-            print(f"{name:24s} {doc[0] if doc else ''}")
+        for name, doc in sorted(table.items()):
+            print(f"{name:18s} {doc}")
+        print("combine several with commas (--score exact_match,contains), or pass module:function")
         return 0
     if not args.dataset:
         raise CLIError("give a dataset file: rollouts eval DATA.jsonl -m provider/model")
