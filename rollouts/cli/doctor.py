@@ -1,0 +1,193 @@
+"""`rollouts doctor`: what is installed, which keys are configured, where things are stored.
+
+Key values are never shown: only whether each variable is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from rollouts.cli.common import SESSIONS_DIR_ENV, HelpFormatter, add_sessions_dir_arg, get_config, sessions_dir
+from rollouts.config import PROVIDER_KEY_ENV, config_paths, known_providers
+from rollouts.errors import ConfigurationError
+
+EXAMPLES = """\
+examples:
+  rollouts doctor
+  rollouts doctor --json
+  rollouts doctor --no-verify     # skip hashing the local model file
+"""
+
+_PACKAGES = ("rollouts", "trio", "httpx2", "anthropic", "openai", "google-genai", "jsonschema", "xllamacpp")
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "doctor",
+        help="check the installation, keys, local model and storage",
+        description="Report versions, which provider keys are set (never their values), the local model, "
+        "and where sessions and results are stored.",
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--no-verify", action="store_true", help="do not hash-check the local model file")
+    add_sessions_dir_arg(p)
+    p.set_defaults(func=main)
+    return p
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _keys() -> list[dict[str, Any]]:
+    out = []
+    for provider, names in PROVIDER_KEY_ENV.items():
+        set_names = [n for n in names if os.environ.get(n, "").strip()]
+        out.append({"provider": provider, "variables": list(names), "set": set_names})
+    return out
+
+
+def _call_first(module: Any, names: tuple[str, ...], *args: Any) -> tuple[bool, Any]:
+    for name in names:
+        fn = getattr(module, name, None)
+        if callable(fn):
+            return True, fn(*args)
+    return False, None
+
+
+def _local_model(verify: bool) -> dict[str, Any]:
+    """Ask rollouts.local_model (if present) whether the embedded model is installed and intact."""
+    try:
+        module = importlib.import_module("rollouts.local_model")
+    except ImportError as e:
+        return {"available": False, "detail": f"rollouts.local_model is not available ({e.name or e})"}
+    info: dict[str, Any] = {"available": True}
+    try:
+        found, status = _call_first(module, ("doctor_status", "status", "model_status"), verify)
+        if found:
+            if isinstance(status, dict):
+                info.update(status)
+            elif hasattr(status, "__dataclass_fields__"):
+                info.update({k: getattr(status, k) for k in status.__dataclass_fields__})
+            else:
+                info["detail"] = str(status)
+            return _json_safe(info)
+        found, installed = _call_first(module, ("is_installed", "installed"))
+        if found:
+            info["installed"] = bool(installed)
+        if verify and info.get("installed", True):
+            found, path = _call_first(module, ("verify", "verify_model", "ensure_model", "model_path"))
+            if found:
+                info["verified"] = True
+                if path is not None:
+                    info["path"] = str(path)
+    except Exception as e:  # report, never crash the doctor
+        info["error"] = f"{type(e).__name__}: {e}"
+    return _json_safe(info)
+
+
+def _json_safe(d: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(d, default=str))
+
+
+def _count_dirs(path: Path) -> int | None:
+    if not path.is_dir():
+        return None
+    try:
+        return sum(1 for p in path.iterdir() if p.is_dir())
+    except OSError:
+        return None
+
+
+def collect(args: argparse.Namespace) -> dict[str, Any]:
+    """The doctor's findings as a JSON-safe dict."""
+    from rollouts.cli.eval import DEFAULT_RESULTS_DIR, RESULTS_DIR_ENV
+
+    report: dict[str, Any] = {
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "packages": {name: _version(name) for name in _PACKAGES},
+        "providers": known_providers(),
+        "keys": _keys(),
+    }
+    try:
+        config = get_config()
+        report["config_files"] = [str(p) for p in config_paths()]
+    except ConfigurationError as e:
+        from rollouts.config import RolloutsConfig
+
+        config = RolloutsConfig()
+        report["config_files"] = []
+        report["config_error"] = str(e)
+    report["endpoints"] = sorted(config.endpoints)
+    report["default_model"] = config.defaults.get("model")
+    sdir = sessions_dir(args, config)
+    report["sessions"] = {
+        "dir": str(sdir),
+        "exists": sdir.is_dir(),
+        "count": _count_dirs(sdir),
+        "from": "--sessions-dir"
+        if getattr(args, "sessions_dir", None)
+        else (f"${SESSIONS_DIR_ENV}" if os.environ.get(SESSIONS_DIR_ENV) else "default"),
+    }
+    rdir = Path(str(os.environ.get(RESULTS_DIR_ENV) or config.defaults.get("results_dir") or DEFAULT_RESULTS_DIR))
+    report["results"] = {"dir": str(rdir.expanduser().resolve()), "exists": rdir.is_dir()}
+    report["local_model"] = _local_model(verify=not args.no_verify)
+    return report
+
+
+def _text(report: dict[str, Any]) -> str:
+    lines = [f"rollouts {report['packages'].get('rollouts') or '?'}  (Python {report['python']['version']}, "]
+    lines[0] += f"{report['python']['executable']})"
+    pk = ", ".join(f"{k} {v}" for k, v in report["packages"].items() if k != "rollouts" and v)
+    missing = [k for k, v in report["packages"].items() if not v]
+    lines.append(f"packages: {pk}")
+    if missing:
+        lines.append(f"not installed: {', '.join(missing)}")
+    lines.append(f"providers: {', '.join(report['providers'])}")
+    lines.append("API keys (values never shown):")
+    for k in report["keys"]:
+        state = f"set ({', '.join(k['set'])})" if k["set"] else f"not set (export {k['variables'][0]}=...)"
+        lines.append(f"  {k['provider']:18s} {' or '.join(k['variables']):34s} {state}")
+    lm = report["local_model"]
+    if not lm.get("available"):
+        lines.append(f"local model: {lm.get('detail', 'not available')}; install with pip install 'rollouts[local]'")
+    else:
+        details = ", ".join(f"{k}={v}" for k, v in lm.items() if k != "available")
+        lines.append(f"local model: {details or 'available'}")
+    if report.get("config_error"):
+        lines.append(f"config: ERROR {report['config_error']}")
+    else:
+        files = ", ".join(report["config_files"]) or "none (optional: rollouts.toml or ~/.config/rollouts/config.toml)"
+        lines.append(f"config files: {files}")
+    if report["endpoints"]:
+        lines.append(f"named endpoints: {', '.join(report['endpoints'])}")
+    if report["default_model"]:
+        lines.append(f"default model: {report['default_model']}")
+    s = report["sessions"]
+    count = f"{s['count']} sessions" if s["count"] is not None else "not created yet"
+    lines.append(f"sessions: {s['dir']} ({count}; from {s['from']})")
+    r = report["results"]
+    lines.append(f"results: {r['dir']}{'' if r['exists'] else ' (not created yet)'}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    report = collect(args)
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False))
+    else:
+        print(_text(report))
+    return 0
