@@ -1,0 +1,274 @@
+"""CodingEnvironment on real files and real processes: confinement, edits, bash limits, presets."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import trio
+from _env_helpers import calls, is_running, run, tool_messages, wait_dead
+
+from rollouts import AgentState, RunConfig, StopReason, ToolCall
+from rollouts.environments import CodingEnvironment, check_environment
+from rollouts.environments.base import clone_environment
+from rollouts.handlers import ToolConfirmResult
+from rollouts.providers.scripted import tool_call
+
+
+async def _call(env: CodingEnvironment, name: str, **args):
+    return await env.exec_tool(ToolCall("c1", name, args), None, RunConfig())  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "work"
+    r.mkdir()
+    (r / "src").mkdir()
+    (r / "src" / "app.py").write_text("def greet(name):\n    return 'hello ' + name\n")
+    (r / "notes.txt").write_text("\n".join(f"line {i}" for i in range(1, 101)) + "\n")
+    (tmp_path / "secret.txt").write_text("top secret\n")
+    return r
+
+
+# ---- confinement ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tool", ["read", "write", "edit", "ls", "grep"])
+async def test_dotdot_escape_is_refused_by_every_path_tool(root: Path, tool: str) -> None:
+    env = CodingEnvironment(root)
+    args = {"path": "../secret.txt"}
+    if tool == "write":
+        args["content"] = "pwned"
+    if tool == "edit":
+        args.update(old_text="top", new_text="pwned")
+    if tool == "grep":
+        args["pattern"] = "secret"
+    r = await _call(env, tool, **args)
+    assert r.is_error
+    assert "outside the working directory" in r.content
+    assert (root.parent / "secret.txt").read_text() == "top secret\n"
+
+
+async def test_absolute_path_outside_is_refused_but_inside_is_allowed(root: Path) -> None:
+    env = CodingEnvironment(root)
+    r = await _call(env, "read", path=str(root.parent / "secret.txt"))
+    assert r.is_error and "Access denied" in r.content
+    r = await _call(env, "write", path="/tmp/rollouts-should-not-exist.txt", content="x")
+    assert r.is_error and not Path("/tmp/rollouts-should-not-exist.txt").exists()
+    r = await _call(env, "read", path=str(root / "src" / "app.py"))
+    assert not r.is_error and "hello" in r.content
+    r = await _call(env, "read", path="src/../notes.txt", offset=1, limit=1)
+    assert not r.is_error and "line 1" in r.content
+
+
+async def test_symlinks_that_escape_are_refused(root: Path) -> None:
+    os.symlink(root.parent / "secret.txt", root / "link.txt")
+    os.symlink(root.parent, root / "up")
+    os.symlink(root / "src", root / "inside")  # stays within the root: fine
+    env = CodingEnvironment(root)
+    for path in ("link.txt", "up/secret.txt"):
+        r = await _call(env, "read", path=path)
+        assert r.is_error and "symlink" in r.content, r.content
+    r = await _call(env, "write", path="up/new.txt", content="x")
+    assert r.is_error and not (root.parent / "new.txt").exists()
+    r = await _call(env, "edit", path="link.txt", old_text="top", new_text="pwned")
+    assert r.is_error and (root.parent / "secret.txt").read_text() == "top secret\n"
+    r = await _call(env, "read", path="inside/app.py")
+    assert not r.is_error and "greet" in r.content
+    # glob and grep do not follow links out of the root
+    r = await _call(env, "grep", pattern="top secret")
+    assert "secret" not in r.content.replace("No matches for 'top secret'.", "")
+
+
+async def test_bash_runs_in_the_root(root: Path) -> None:
+    env = CodingEnvironment(root)
+    r = await _call(env, "bash", command="pwd && ls src")
+    assert not r.is_error
+    assert r.content.splitlines()[0] == os.path.realpath(root)
+    assert "app.py" in r.content and r.content.endswith("[exit code 0]")
+
+
+# ---- read / write / edit ------------------------------------------------------------------------
+
+
+async def test_read_line_ranges_and_size_cap(root: Path) -> None:
+    env = CodingEnvironment(root, max_read_chars=200)
+    r = await _call(env, "read", path="notes.txt", offset=10, limit=3)
+    assert r.content.splitlines()[:3] == ["10\tline 10", "11\tline 11", "12\tline 12"]
+    assert "Use offset=13" in r.content
+    r = await _call(env, "read", path="notes.txt")
+    shown = [ln for ln in r.content.splitlines() if "\tline " in ln]
+    assert 5 < len(shown) < 100 and sum(len(s) + 1 for s in shown) <= 200
+    assert f"Use offset={len(shown) + 1} to read more" in r.content
+    r = await _call(env, "read", path="notes.txt", offset=500)
+    assert r.is_error and "100 lines" in r.content
+    r = await _call(env, "read", path="missing.py")
+    assert r.is_error and "File not found" in r.content
+    (root / "blob.bin").write_bytes(b"\x00\x01\x02" * 10)
+    r = await _call(env, "read", path="blob.bin")
+    assert r.is_error and "binary" in r.content
+
+
+async def test_write_creates_directories_and_edit_replaces_exactly(root: Path) -> None:
+    env = CodingEnvironment(root)
+    r = await _call(env, "write", path="pkg/deep/mod.py", content="a = 1\na = 1\nb = 2\n")
+    assert not r.is_error and (root / "pkg/deep/mod.py").read_text() == "a = 1\na = 1\nb = 2\n"
+    r = await _call(env, "edit", path="pkg/deep/mod.py", old_text="c = 3", new_text="c = 4")
+    assert r.is_error and "not found" in r.content
+    r = await _call(env, "edit", path="pkg/deep/mod.py", old_text="a = 1", new_text="a = 9")
+    assert r.is_error and "occurs 2 times" in r.content and "replace_all" in r.content
+    assert (root / "pkg/deep/mod.py").read_text() == "a = 1\na = 1\nb = 2\n"
+    r = await _call(env, "edit", path="pkg/deep/mod.py", old_text="b = 2", new_text="b = 3")
+    assert not r.is_error and (root / "pkg/deep/mod.py").read_text() == "a = 1\na = 1\nb = 3\n"
+    r = await _call(env, "edit", path="pkg/deep/mod.py", old_text="a = 1", new_text="a = 0", replace_all=True)
+    assert "2 occurrences" in r.content and (root / "pkg/deep/mod.py").read_text() == "a = 0\na = 0\nb = 3\n"
+
+
+async def test_ls_glob_grep(root: Path) -> None:
+    env = CodingEnvironment(root)
+    (root / "src" / "util.py").write_text("import os\nGREETING = 'hi'\n")
+    (root / ".git").mkdir()
+    (root / ".git" / "x.py").write_text("GREETING\n")
+    assert (await _call(env, "ls")).content.splitlines() == [".git/", "notes.txt", "src/"]
+    assert (await _call(env, "glob", pattern="**/*.py")).content.splitlines() == ["src/app.py", "src/util.py"]
+    assert (await _call(env, "glob", pattern="*.txt")).content == "notes.txt"
+    r = await _call(env, "grep", pattern="greet|GREETING", ignore_case=True, include="*.py")
+    assert r.content.splitlines() == ["src/app.py:1: def greet(name):", "src/util.py:2: GREETING = 'hi'"]
+    assert (await _call(env, "glob", pattern="../*")).is_error
+    assert (await _call(env, "grep", pattern="(")).is_error
+
+
+# ---- bash: timeout, cancellation, output cap -----------------------------------------------------
+
+
+async def test_bash_timeout_kills_the_whole_process_group(root: Path) -> None:
+    env = CodingEnvironment(root, bash_timeout=0.5)
+    r = await _call(env, "bash", command="sleep 300 & echo $! > child.pid; sleep 300")
+    assert r.is_error and "Timed out after 0.5s" in r.content
+    assert r.details is not None and r.details["timed_out"] is True
+    child = int((root / "child.pid").read_text())
+    assert await wait_dead(r.details["pid"]), "the shell survived its timeout"
+    assert await wait_dead(child), "a background child survived the timeout (orphan)"
+
+
+async def test_bash_cancellation_kills_the_whole_process_group(root: Path) -> None:
+    env = CodingEnvironment(root, bash_timeout=300)
+    pid_file = root / "pids"
+    with trio.move_on_after(30) as guard:
+        async with trio.open_nursery() as nursery:
+
+            async def _run() -> None:
+                await _call(env, "bash", command="echo $$ > pids.tmp; sleep 300 & echo $! >> pids.tmp; mv pids.tmp pids; wait")
+
+            nursery.start_soon(_run)
+            for _ in range(1000):
+                if pid_file.exists():
+                    break
+                await trio.sleep(0.01)
+            pids = [int(x) for x in pid_file.read_text().split()]
+            assert len(pids) == 2 and all(is_running(p) for p in pids)
+            nursery.cancel_scope.cancel()
+    assert not guard.cancelled_caught
+    for pid in pids:
+        assert await wait_dead(pid), f"process {pid} survived cancellation (orphan)"
+
+
+async def test_background_jobs_do_not_outlive_the_command(root: Path) -> None:
+    env = CodingEnvironment(root)
+    r = await _call(env, "bash", command="sleep 300 & echo $! > bg.pid; echo started")
+    assert not r.is_error and "started" in r.content
+    assert await wait_dead(int((root / "bg.pid").read_text()))
+
+
+async def test_huge_output_is_capped_keeping_head_and_tail(root: Path) -> None:
+    env = CodingEnvironment(root, max_output_bytes=4000)
+    r = await _call(env, "bash", command="seq 1 2000000")
+    assert not r.is_error
+    assert len(r.content) < 4200
+    assert r.content.startswith("1\n2\n3\n")
+    assert "2000000\n[exit code 0]" in r.content
+    assert "bytes of output omitted" in r.content
+    assert r.details is not None and r.details["truncated"] is True
+
+
+async def test_bash_reports_failure_and_stderr(root: Path) -> None:
+    env = CodingEnvironment(root)
+    r = await _call(env, "bash", command="echo out; echo err >&2; exit 7")
+    assert r.is_error and r.details is not None and r.details["exit_code"] == 7
+    assert "out" in r.content and "err" in r.content and "[exit code 7]" in r.content
+    r = await _call(env, "bash", command="true", timeout_seconds=10_000)
+    assert r.is_error and "timeout must be between" in r.content
+
+
+# ---- presets, confirmation, protocol ----------------------------------------------------------------
+
+
+async def test_presets_choose_the_tools(root: Path) -> None:
+    names = lambda env: [t.name for t in env.get_tools()]  # noqa: E731
+    assert names(CodingEnvironment(root, preset="read_only")) == ["read", "ls", "glob", "grep"]
+    assert names(CodingEnvironment(root, preset="no_write")) == ["read", "bash", "ls", "glob", "grep"]
+    assert names(CodingEnvironment(root)) == ["read", "write", "edit", "bash", "ls", "glob", "grep"]
+    ro = CodingEnvironment(root, preset="read_only")
+    r = await _call(ro, "write", path="x.txt", content="x")
+    assert r.is_error and "Unknown tool" in r.content and not (root / "x.txt").exists()
+    with pytest.raises(ValueError, match="unknown preset"):
+        CodingEnvironment(root, preset="yolo")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not an existing directory"):
+        CodingEnvironment(root / "nope")
+
+
+async def test_confirmation_is_configurable_and_a_denial_leaves_files_alone(root: Path) -> None:
+    env = CodingEnvironment(root, confirm_writes=True)
+    assert env.requires_confirmation(ToolCall("1", "write", {}))
+    assert env.requires_confirmation(ToolCall("1", "edit", {}))
+    assert not env.requires_confirmation(ToolCall("1", "bash", {}))
+    assert CodingEnvironment(root, confirm_bash=True).requires_confirmation(ToolCall("1", "bash", {}))
+    asked: list[str] = []
+
+    async def deny(call: ToolCall, state: AgentState, rc: RunConfig):
+        asked.append(call.name)
+        return state, ToolConfirmResult(False, reason="not today")
+
+    states = await run(
+        env,
+        [tool_call("read", path="notes.txt", limit=1), tool_call("write", path="x.txt", content="x"), "ok"],
+        confirm_tool=deny,
+    )
+    assert asked == ["write"]
+    msgs = tool_messages(states[-1])
+    assert "line 1" in msgs[0].text and "denied" in msgs[1].text
+    assert not (root / "x.txt").exists()
+
+
+async def test_check_environment_and_serialize_captures_settings(root: Path) -> None:
+    env = CodingEnvironment(root, preset="no_write", bash_timeout=3, confirm_bash=True, bash_env={"A": "1"})
+    await check_environment(env, calls=[ToolCall("1", "bash", {"command": "echo $A"}), ToolCall("2", "ls", {})])
+    clone = await clone_environment(env)
+    assert isinstance(clone, CodingEnvironment)
+    assert await clone.serialize() == await env.serialize()
+    assert clone.requires_confirmation(ToolCall("1", "bash", {}))
+    assert (await _call(clone, "bash", command="echo $A")).content.startswith("1\n")
+
+
+async def test_agent_run_survives_a_json_round_trip_mid_run(root: Path) -> None:
+    env = CodingEnvironment(root)
+    first = await run(env, [tool_call("write", path="todo.md", content="- [ ] ship\n"), "paused"])
+    mid = first[-1]
+    assert mid.stop == StopReason.NO_TOOL_CALLED
+    assert mid.environment is not None
+    data = json.loads(json.dumps(await mid.environment.serialize()))
+    restored = await CodingEnvironment.deserialize(data)
+    second = await run(
+        restored,
+        [
+            calls(("edit", {"path": "todo.md", "old_text": "[ ]", "new_text": "[x]"}), ("read", {"path": "todo.md"})),
+            "done",
+        ],
+        state=mid,
+    )
+    msgs = tool_messages(second[-1])
+    assert [m.details["tool_name"] for m in msgs] == ["write", "edit", "read"]  # type: ignore[index]
+    assert "- [x] ship" in msgs[-1].text
+    assert (root / "todo.md").read_text() == "- [x] ship\n"
