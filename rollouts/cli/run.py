@@ -436,7 +436,6 @@ async def _interactive(runner: _Runner, banner: str) -> int:
                 text = line.strip()
                 if not text:
                     continue
-                interrupts.armed = False
                 if text in ("/exit", "/quit"):
                     break
                 if text == "/help":
@@ -445,6 +444,7 @@ async def _interactive(runner: _Runner, banner: str) -> int:
                 if text == "/session":
                     runner.renderer.status(f"session {runner.state.session_id or '(none yet)'}")
                     continue
+                interrupts.armed = False
                 try:
                     await runner.ask(text)
                 except AuthenticationError:

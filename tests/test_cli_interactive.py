@@ -1,0 +1,84 @@
+"""Interactive `rollouts run` through a pseudo-terminal: type, read the stream, Ctrl-C, leave."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pexpect
+from cli_support import cli_env
+
+
+def _spawn(tmp: Path, *args: str) -> pexpect.spawn:
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "rollouts.cli", "run", *args],
+        cwd=str(tmp),
+        env=cli_env(tmp),
+        encoding="utf-8",
+        timeout=30,
+        dimensions=(40, 200),
+    )
+    child.expect("Ctrl-C cancels a turn")
+    child.expect_exact("> ")
+    return child
+
+
+def _finish(child: pexpect.spawn) -> int:
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.signalstatus is None, f"killed by signal {child.signalstatus}"
+    return int(child.exitstatus)
+
+
+def test_type_a_question_and_read_the_streamed_answer(tmp_path: Path) -> None:
+    child = _spawn(tmp_path, "-m", "scripted/echo", "--no-session")
+    child.sendline("what is up")
+    child.expect_exact("thinking: The user wants their words back.")
+    child.expect_exact("You said: what is up")
+    child.expect_exact("> ")
+    child.sendline("second question")
+    child.expect_exact("You said: second question")
+    child.expect_exact("> ")
+    child.sendline("/exit")
+    assert _finish(child) == 0
+
+
+def test_tools_render_in_a_chat(tmp_path: Path) -> None:
+    child = _spawn(tmp_path, "-m", "scripted/calculator", "--env", "calculator", "--no-session")
+    child.sendline("what is 6 * 7?")
+    child.expect_exact("→ multiply(value=7)")
+    child.expect_exact("← Multiplied 6 by 7. Current value: 42")
+    child.expect_exact("The answer is 42.")
+    child.expect_exact("> ")
+    child.sendeof()
+    assert _finish(child) == 0
+
+
+def test_ctrl_c_cancels_a_long_turn_then_a_second_ctrl_c_exits(tmp_path: Path) -> None:
+    child = _spawn(tmp_path, "-m", "scripted/slow", "--no-session")
+    child.sendline("tell me everything")
+    child.expect_exact("word3 ")  # the answer is streaming (it would take ~30 s to finish)
+    child.sendintr()
+    child.expect_exact("cancelled this turn")
+    child.expect_exact("> ")  # back at the prompt, the process alive
+    assert child.isalive()
+    child.sendline("/session")
+    child.expect_exact("session (none yet)")
+    child.expect_exact("> ")
+    child.sendintr()
+    assert _finish(child) == 0
+    assert "word399" not in (child.before or "")
+
+
+def test_ctrl_c_at_an_idle_prompt_warns_first(tmp_path: Path) -> None:
+    child = _spawn(tmp_path, "-m", "scripted/echo", "--no-session")
+    child.sendintr()
+    child.expect_exact("Ctrl-C again")
+    child.sendline("still here")
+    child.expect_exact("You said: still here")
+    child.expect_exact("> ")
+    child.sendintr()
+    child.expect_exact("Ctrl-C again")
+    child.sendintr()
+    assert _finish(child) == 0
