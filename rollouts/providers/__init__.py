@@ -21,6 +21,11 @@ ProviderResolver = Callable[[str], ProviderFn]
 # provider name -> "module:attribute" of a ProviderFn or ProviderResolver (imported on first use)
 _BUILTIN: dict[str, str] = {
     "scripted": "rollouts.providers.scripted:stream_scripted",
+    "openai": "rollouts.providers.openai_chat:stream_openai",
+    "openai-compatible": "rollouts.providers.openai_chat:stream_openai_compatible",
+    "vllm": "rollouts.providers.openai_chat:stream_openai_compatible",
+    "sglang": "rollouts.providers.openai_chat:stream_openai_compatible",
+    "llamacpp": "rollouts.providers.openai_chat:stream_openai_compatible",
 }
 _REGISTERED: dict[str, ProviderFn | ProviderResolver] = {}
 _RESOLVERS: set[str] = set()

@@ -1,0 +1,409 @@
+"""The OpenAI Chat Completions format, shared by the SDK path (`openai_chat`) and the lean HTTP
+path (`openai_http`): request bodies from our Messages, and stream chunks -> our events.
+
+`ChatStreamTranslator.feed` accepts either the SDK's chunk objects or the plain dicts of
+`json.loads`, reading fields through `_get`, so both transports run exactly this code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from rollouts.dtypes import (
+    Actor,
+    Endpoint,
+    ImageContent,
+    Message,
+    TextContent,
+    ThinkingContent,
+    Tool,
+    ToolCall,
+    ToolCallContent,
+    Usage,
+)
+from rollouts.errors import ProviderError
+from rollouts.events import (
+    OnChunk,
+    StreamDone,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ThinkingDelta,
+    ThinkingEnd,
+    ThinkingStart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallError,
+    ToolCallStart,
+)
+from rollouts.partial_json import parse_partial_json
+from rollouts.providers._retry import IncompleteStreamError
+from rollouts.providers._text_tool_calls import extract_text_tool_calls
+
+# o-series and gpt-5 reasoning models: max_completion_tokens, reasoning_effort, no temperature.
+_REASONING_MODEL = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-5)(?:$|[-.\w])")
+# extra_params keys that steer rollouts and are never sent to the API
+_LOCAL_PARAMS = frozenset({"api"})
+# characters that may open a tool call written as text (held back until the turn ends)
+_TEXT_CALL_OPENERS = re.compile(r"[{`<]")
+
+# finish reasons in the shared vocabulary (the scripted provider's)
+_FINISH = {"tool_calls": "tool_use", "function_call": "tool_use", "length": "max_tokens", "stop": "stop"}
+
+
+def is_reasoning_model(model: str) -> bool:
+    """o1/o3/o4-mini/gpt-5... take `max_completion_tokens` and `reasoning_effort`, not temperature."""
+    return bool(_REASONING_MODEL.match(model.lower()))
+
+
+def _effort(endpoint: Endpoint) -> str | None:
+    params = endpoint.extra_params or {}
+    if "reasoning_effort" in params:
+        return str(params["reasoning_effort"])
+    thinking = endpoint.thinking
+    if not thinking:
+        return None
+    if thinking.get("effort"):
+        return str(thinking["effort"])
+    if thinking.get("reasoning_effort"):
+        return str(thinking["reasoning_effort"])
+    budget = thinking.get("budget_tokens")
+    if isinstance(budget, int | float):
+        return "low" if budget < 2048 else "medium" if budget < 8192 else "high"
+    return "medium"
+
+
+# ---------------------------------------------------------------------------------------------
+# Request
+# ---------------------------------------------------------------------------------------------
+
+
+def _image_part(block: ImageContent) -> dict[str, Any]:
+    url = block.url if block.url is not None else f"data:{block.media_type};base64,{block.data}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _user_content(message: Message) -> str | list[dict[str, Any]]:
+    if isinstance(message.content, str):
+        return message.content
+    if not any(isinstance(b, ImageContent) for b in message.content):
+        return message.text
+    parts: list[dict[str, Any]] = []
+    for b in message.content:
+        if isinstance(b, TextContent):
+            parts.append({"type": "text", "text": b.text})
+        elif isinstance(b, ImageContent):
+            parts.append(_image_part(b))
+    return parts
+
+
+def _assistant_message(message: Message, *, compat: bool) -> dict[str, Any]:
+    text_parts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for b in message.blocks:
+        if isinstance(b, TextContent):
+            text_parts.append(b.text)
+        elif isinstance(b, ToolCallContent):
+            raw = b.raw_arguments if b.parse_error is not None and b.raw_arguments else json.dumps(dict(b.arguments))
+            calls.append({"id": b.id, "type": "function", "function": {"name": b.name, "arguments": raw}})
+        elif isinstance(b, ThinkingContent):
+            continue  # Chat Completions cannot take reasoning back
+    text = "".join(text_parts)
+    out: dict[str, Any] = {"role": "assistant", "content": text if text or compat else None}
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def chat_messages(messages: tuple[Message, ...], *, compat: bool) -> list[dict[str, Any]]:
+    """Our messages as Chat Completions messages. `compat` sends `""` instead of null content
+    (several self-hosted servers reject null)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == "system":
+            out.append({"role": "system", "content": m.text})
+        elif m.role == "user":
+            out.append({"role": "user", "content": _user_content(m)})
+        elif m.role == "assistant":
+            out.append(_assistant_message(m, compat=compat))
+        else:
+            assert m.tool_call_id is not None
+            out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.text})
+    return out
+
+
+def chat_tools(tools: tuple[Tool, ...]) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": dict(t.parameters)},
+        }
+        for t in tools
+    ]
+
+
+def build_chat_request(actor: Actor, *, compat: bool) -> dict[str, Any]:
+    """The JSON body of a streamed chat completion for `actor` (extra_params merged last)."""
+    ep = actor.endpoint
+    reasoning = not compat and is_reasoning_model(ep.model)
+    body: dict[str, Any] = {
+        "model": ep.model,
+        "messages": chat_messages(actor.trajectory.messages, compat=compat),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if actor.tools:
+        body["tools"] = chat_tools(actor.tools)
+    if compat:
+        body["max_tokens"] = ep.max_tokens
+    else:
+        body["max_completion_tokens"] = ep.max_tokens
+    if reasoning:
+        effort = _effort(ep)
+        if effort is not None:
+            body["reasoning_effort"] = effort
+    elif ep.temperature is not None:
+        body["temperature"] = ep.temperature
+    for k, v in (ep.extra_params or {}).items():
+        if k not in _LOCAL_PARAMS:
+            body[k] = v
+    return body
+
+
+# ---------------------------------------------------------------------------------------------
+# Stream chunks -> events
+# ---------------------------------------------------------------------------------------------
+
+
+def _get(obj: Any, name: str) -> Any:
+    """A field of an SDK object or of a dict (None when absent)."""
+    if type(obj) is dict:
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def usage_from_chat(raw: Any) -> Usage:
+    """Usage from a Chat Completions `usage` object or dict. `input_tokens` excludes cached
+    prompt tokens (reported as `cache_read_tokens`); `output_tokens` includes reasoning."""
+    prompt = _get(raw, "prompt_tokens") or 0
+    completion = _get(raw, "completion_tokens") or 0
+    pdetails = _get(raw, "prompt_tokens_details")
+    cdetails = _get(raw, "completion_tokens_details")
+    cached = (_get(pdetails, "cached_tokens") or 0) if pdetails is not None else 0
+    reasoning = (_get(cdetails, "reasoning_tokens") or 0) if cdetails is not None else 0
+    return Usage(
+        input_tokens=max(0, prompt - cached),
+        output_tokens=completion,
+        cache_read_tokens=cached,
+        reasoning_tokens=reasoning,
+    )
+
+
+class _Call:
+    __slots__ = ("content_index", "id", "name", "parts")
+
+    def __init__(self, content_index: int, call_id: str, name: str) -> None:
+        self.content_index = content_index
+        self.id = call_id
+        self.name = name
+        self.parts: list[str] = []
+
+
+class ChatStreamTranslator:
+    """Feed Chat Completions chunks in order; `finish()` closes open blocks and emits StreamDone.
+
+    Blocks get content indices in the order they open. Text and thinking blocks close when a
+    different block starts; tool calls (possibly several, possibly interleaved by `index`) end
+    together when the model finishes, each with `ToolCallEnd` or, when its arguments are not a
+    JSON object, `ToolCallError`. With `text_tool_names`, text from the first `{`, backtick or
+    `<` on is held back until the end and turned into tool calls if it holds calls to those tools
+    (see `_text_tool_calls`); otherwise it is emitted as text unchanged.
+    """
+
+    __slots__ = (
+        "_block_index",
+        "_block_kind",
+        "_block_parts",
+        "_by_id",
+        "_calls",
+        "_emit",
+        "_held",
+        "_next_index",
+        "_text_tool_names",
+        "finish_reason",
+        "got_output",
+        "usage_raw",
+    )
+
+    def __init__(self, emit: OnChunk, *, text_tool_names: frozenset[str] | None = None) -> None:
+        self._emit = emit
+        self._next_index = 0
+        self._block_kind: str | None = None  # "text" | "thinking" while one is open
+        self._block_index = -1
+        self._block_parts: list[str] = []
+        self._calls: dict[int, _Call] = {}
+        self._by_id: dict[str, int] = {}
+        self._held: list[str] | None = None
+        self._text_tool_names = text_tool_names or None
+        self.finish_reason: str | None = None
+        self.usage_raw: Any = None
+        self.got_output = False
+
+    async def feed(self, chunk: Any) -> None:
+        """Translate one chunk (an SDK `ChatCompletionChunk` or its JSON dict)."""
+        err = _get(chunk, "error")
+        if err:
+            message = _get(err, "message") or str(err)
+            raise ProviderError(f"error event in the stream: {message}", retryable=True)
+        usage = _get(chunk, "usage")
+        if usage:
+            self.usage_raw = usage
+        choices = _get(chunk, "choices")
+        if not choices:
+            return
+        choice = choices[0]
+        delta = _get(choice, "delta")
+        if delta is not None:
+            reasoning = _get(delta, "reasoning_content") or _get(delta, "reasoning")
+            if reasoning:
+                await self._block_delta("thinking", reasoning)
+            content = _get(delta, "content")
+            if content:
+                await self._text(content)
+            calls = _get(delta, "tool_calls")
+            if calls:
+                for tc in calls:
+                    await self._tool_delta(tc)
+        reason = _get(choice, "finish_reason")
+        if reason:
+            self.finish_reason = reason
+
+    # -- blocks --------------------------------------------------------------------------------
+
+    async def _close_block(self) -> None:
+        kind = self._block_kind
+        if kind is None:
+            return
+        text = "".join(self._block_parts)
+        if kind == "text":
+            await self._emit(TextEnd(self._block_index, text))
+        else:
+            await self._emit(ThinkingEnd(self._block_index, text))
+        self._block_kind = None
+        self._block_parts = []
+
+    async def _block_delta(self, kind: str, piece: str) -> None:
+        self.got_output = True
+        if self._block_kind != kind:
+            await self._close_block()
+            self._block_kind = kind
+            self._block_index = self._next_index
+            self._next_index += 1
+            await self._emit(TextStart(self._block_index) if kind == "text" else ThinkingStart(self._block_index))
+        self._block_parts.append(piece)
+        if kind == "text":
+            await self._emit(TextDelta(self._block_index, piece))
+        else:
+            await self._emit(ThinkingDelta(self._block_index, piece))
+
+    async def _text(self, piece: str) -> None:
+        if self._held is not None:
+            self._held.append(piece)
+            self.got_output = True
+            return
+        if self._text_tool_names is not None:
+            m = _TEXT_CALL_OPENERS.search(piece)
+            if m is not None:
+                if m.start() > 0:
+                    await self._block_delta("text", piece[: m.start()])
+                self._held = [piece[m.start() :]]
+                self.got_output = True
+                return
+        await self._block_delta("text", piece)
+
+    async def _start_call(self, call_id: str, name: str) -> _Call:
+        await self._close_block()
+        call = _Call(self._next_index, call_id, name)
+        self._next_index += 1
+        await self._emit(ToolCallStart(call.content_index, call_id, name))
+        return call
+
+    async def _tool_delta(self, tc: Any) -> None:
+        self.got_output = True
+        index = _get(tc, "index")
+        call_id = _get(tc, "id")
+        fn = _get(tc, "function")
+        if index is None:  # some servers omit it: a new id means a new call
+            if call_id and call_id not in self._by_id:
+                index = len(self._calls)
+            else:
+                index = self._by_id.get(call_id, len(self._calls) - 1) if call_id else len(self._calls) - 1
+        call = self._calls.get(index)
+        if call is None:
+            name = (_get(fn, "name") if fn is not None else None) or ""
+            call = await self._start_call(call_id or f"call_{uuid.uuid4().hex[:24]}", name)
+            self._calls[index] = call
+            self._by_id[call.id] = index
+        args = _get(fn, "arguments") if fn is not None else None
+        if args:
+            if not isinstance(args, str):
+                args = json.dumps(args)
+            call.parts.append(args)
+            try:
+                partial = parse_partial_json("".join(call.parts))
+            except ValueError:
+                partial = None
+            await self._emit(
+                ToolCallDelta(call.content_index, call.id, args, partial if isinstance(partial, dict) else None)
+            )
+
+    async def _end_call(self, call: _Call) -> None:
+        raw = "".join(call.parts)
+        try:
+            args = json.loads(raw) if raw.strip() else {}
+            if not isinstance(args, dict):
+                raise ValueError(f"arguments must be a JSON object, got {type(args).__name__}")
+        except ValueError as e:
+            await self._emit(ToolCallError(call.content_index, call.id, call.name, f"invalid JSON arguments: {e}", raw))
+        else:
+            await self._emit(ToolCallEnd(call.content_index, ToolCall(call.id, call.name, args, raw)))
+
+    async def _release_held(self) -> bool:
+        """Emit held-back text as text or as tool calls; True if tool calls were found."""
+        held, self._held = self._held, None
+        if not held:
+            return False
+        text = "".join(held)
+        assert self._text_tool_names is not None
+        found, rest = extract_text_tool_calls(text, self._text_tool_names)
+        if not found:
+            await self._block_delta("text", text)
+            return False
+        rest = rest.rstrip() if self._block_kind == "text" else rest.strip()
+        if rest:
+            await self._block_delta("text", rest)
+        for tc in found:
+            call = await self._start_call(f"call_{uuid.uuid4().hex[:24]}", tc.name)
+            await self._emit(ToolCallDelta(call.content_index, call.id, tc.raw_arguments, tc.arguments))
+            await self._emit(
+                ToolCallEnd(call.content_index, ToolCall(call.id, tc.name, tc.arguments, tc.raw_arguments))
+            )
+        return True
+
+    async def finish(self, *, require_finish_reason: bool = True) -> tuple[str | None, Usage]:
+        """Close everything and emit StreamDone. Raises IncompleteStreamError when the stream
+        ended without a finish reason (a truncated stream) and `require_finish_reason`."""
+        if self.finish_reason is None and require_finish_reason:
+            raise IncompleteStreamError("the stream ended before the model finished (no finish_reason)")
+        text_calls = await self._release_held()
+        await self._close_block()
+        for call in self._calls.values():
+            await self._end_call(call)
+        raw = self.finish_reason
+        reason = "tool_use" if text_calls else _FINISH.get(raw, raw) if raw else None
+        usage = usage_from_chat(self.usage_raw) if self.usage_raw is not None else Usage()
+        await self._emit(StreamDone(reason, usage))
+        return reason, usage

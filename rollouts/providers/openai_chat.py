@@ -1,0 +1,235 @@
+"""OpenAI Chat Completions through the official `openai` SDK, and OpenAI-compatible servers.
+
+Provider names:
+* `openai`: api.openai.com (or `Endpoint.api_base`), key from `Endpoint.api_key` or
+  `OPENAI_API_KEY`. Reasoning models (o-series, gpt-5) get `max_completion_tokens` and
+  `reasoning_effort` (from `Endpoint.thinking` — `{"effort": "high"}` or `{"budget_tokens": N}` —
+  or `extra_params["reasoning_effort"]`) and no temperature. Models that only exist on the
+  Responses API (`*-pro`, codex, computer-use) and `extra_params={"api": "responses"}` are routed
+  to the `openai-responses` provider.
+* `openai-compatible` (aliases `vllm`, `sglang`, `llamacpp`): any server speaking the Chat
+  Completions API at `Endpoint.api_base` (e.g. `http://localhost:8000/v1`); key from
+  `Endpoint.api_key` only (never `OPENAI_API_KEY`, so it cannot leak to a third-party server).
+  Quirks handled: servers that report no usage give `Usage()` zeros and the message's
+  `details["usage_reported"] = False` (no estimate: a guess would pollute cost accounting);
+  tool calls written as text (bare JSON `{"name", "arguments"}`, in ```json fences or
+  `<tool_call>` tags) become real tool calls when they name a declared tool and parse; assistant
+  messages with only tool calls are sent with `content: ""` rather than null; `max_tokens`
+  instead of `max_completion_tokens`.
+
+`Endpoint.transport="http"` uses the lean `openai_http` transport instead of the SDK: same
+request, same events, same Message and Usage, same retries, less client CPU.
+
+The SDK's own retries are off (`max_retries=0`); `_retry.stream_with_retries` retries instead,
+so a stream broken after output is retried with `StreamError(will_retry=True)` first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Hashable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from typing import Any
+
+import openai
+import trio
+
+from rollouts.dtypes import Actor, Completion, Endpoint
+from rollouts.errors import AuthenticationError, ConfigurationError, ProviderError
+from rollouts.events import LLMCallStart, OnChunk, StreamEvent, StreamStart
+from rollouts.providers import ProviderFn, get_provider_function
+from rollouts.providers._aggregate import MessageBuilder, append_assistant
+from rollouts.providers._chat_format import ChatStreamTranslator, build_chat_request
+from rollouts.providers._clients import current_pool
+from rollouts.providers._retry import (
+    Failure,
+    classify_common,
+    connection_failure,
+    failure_from_status,
+    stream_with_retries,
+)
+
+_RESPONSES_ONLY = re.compile(r"^(?:o\d+-pro|gpt-5(?:\.\d+)?-pro|gpt-5(?:\.\d+)?-codex|codex-|computer-use)")
+_CREATE_PARAMS = frozenset(
+    {
+        "messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias",
+        "logprobs", "max_completion_tokens", "max_tokens", "metadata", "modalities", "n",
+        "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key", "reasoning_effort",
+        "response_format", "safety_identifier", "seed", "service_tier", "stop", "store", "stream",
+        "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user",
+        "verbosity", "web_search_options",
+    }
+)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys and clients
+# ---------------------------------------------------------------------------------------------
+
+
+def _api_key(endpoint: Endpoint, compat: bool) -> str:
+    if endpoint.api_key:
+        return endpoint.api_key
+    if compat:
+        return ""
+    key = os.environ.get("OPENAI_API_KEY", "")
+    if not key:
+        raise AuthenticationError(
+            "no OpenAI API key: set the OPENAI_API_KEY environment variable or Endpoint.api_key",
+            provider=endpoint.provider,
+        )
+    return key
+
+
+def _sdk_client_key(endpoint: Endpoint, api_key: str) -> Hashable:
+    # The key is hashed so the pool never holds it as a plain dictionary key.
+    return ("openai-sdk", endpoint.api_base, hash(api_key), endpoint.timeout)
+
+
+def _make_sdk_client(endpoint: Endpoint, api_key: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        api_key=api_key or "EMPTY",  # self-hosted servers often need no key; the SDK needs one
+        base_url=endpoint.api_base or None,
+        max_retries=0,  # retried by rollouts.providers._retry
+        timeout=openai.Timeout(endpoint.timeout, connect=min(10.0, endpoint.timeout)),
+    )
+
+
+@asynccontextmanager
+async def sdk_client(endpoint: Endpoint, api_key: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The pooled SDK client inside a `client_scope()`, else one closed when the call ends."""
+    pool = current_pool()
+    if pool is not None:
+        yield await pool.get(_sdk_client_key(endpoint, api_key), lambda: _make_sdk_client(endpoint, api_key))
+        return
+    client = _make_sdk_client(endpoint, api_key)
+    try:
+        yield client
+    finally:
+        with trio.CancelScope(shield=True):
+            await client.close()
+
+
+@asynccontextmanager
+async def _open_sdk_stream(endpoint: Endpoint, body: dict[str, Any], api_key: str) -> AsyncIterator[Any]:
+    known = {k: v for k, v in body.items() if k in _CREATE_PARAMS}
+    extra = {k: v for k, v in body.items() if k not in _CREATE_PARAMS}
+    async with sdk_client(endpoint, api_key) as client:
+        stream = await client.chat.completions.create(**known, extra_body=extra or None)
+        async with stream:
+            yield stream
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+def classify_openai_error(exc: Exception, provider: str) -> Failure | None:
+    """Map openai SDK / httpx2 / our own exceptions to a retry decision and a rollouts error."""
+    common = classify_common(exc, provider)
+    if common is not None:
+        return common
+    if isinstance(exc, openai.APIStatusError):
+        return failure_from_status(exc.status_code, provider=provider, headers=exc.response.headers, body=exc.body)
+    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+        cause = exc.__cause__ or exc
+        return connection_failure(provider, cause if isinstance(cause, BaseException) else exc)
+    if isinstance(exc, openai.APIError):  # an error event inside the stream
+        return Failure(ProviderError(f"{provider}: {exc.message}", provider=provider, retryable=True))
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The provider
+# ---------------------------------------------------------------------------------------------
+
+
+async def _stream_chat(actor: Actor, on_chunk: OnChunk, *, compat: bool) -> Actor:
+    ep = actor.endpoint
+    provider = ep.provider
+    if compat and not ep.api_base:
+        raise ConfigurationError(
+            f"provider {provider!r} needs Endpoint.api_base, the server's OpenAI-compatible URL "
+            "(e.g. 'http://localhost:8000/v1')"
+        )
+    api_key = _api_key(ep, compat)
+    started = time.perf_counter()
+    await on_chunk(LLMCallStart(provider=provider, model=ep.model))
+    body = build_chat_request(actor, compat=compat)
+    text_tools = frozenset(t.name for t in actor.tools) if compat and actor.tools else None
+    if ep.transport == "http":
+        from rollouts.providers.openai_http import open_chat_stream as open_stream
+    else:
+        open_stream = _open_sdk_stream
+
+    builder = MessageBuilder(provider, ep.model)
+    first_chunk_at: float | None = None
+    usage_reported = True
+
+    async def emit(event: StreamEvent) -> None:
+        builder.feed(event)
+        await on_chunk(event)
+
+    async def attempt(emit: OnChunk, n: int) -> str | None:
+        nonlocal first_chunk_at, usage_reported
+        async with open_stream(ep, body, api_key) as chunks:
+            await emit(StreamStart(attempt=n))
+            translator = ChatStreamTranslator(emit, text_tool_names=text_tools)
+            async for chunk in chunks:
+                if first_chunk_at is None:
+                    first_chunk_at = time.perf_counter()
+                await translator.feed(chunk)
+            reason, _ = await translator.finish()
+            usage_reported = translator.usage_raw is not None
+            return reason
+
+    def classify(exc: Exception) -> Failure | None:
+        return classify_openai_error(exc, provider)
+
+    finish_reason, attempts = await stream_with_retries(attempt, endpoint=ep, on_chunk=emit, classify=classify)
+    message = builder.finish()
+    if not usage_reported:
+        message = replace(message, details={**(message.details or {}), "usage_reported": False})
+    completion = Completion(
+        provider=provider,
+        model=ep.model,
+        finish_reason=finish_reason,
+        message_index=len(actor.trajectory.messages),
+        duration_s=time.perf_counter() - started,
+        time_to_first_token_s=(first_chunk_at - started) if first_chunk_at is not None else None,
+        attempts=attempts,
+    )
+    return append_assistant(actor, message, completion)
+
+
+async def stream_openai_chat(actor: Actor, on_chunk: OnChunk) -> Actor:
+    """OpenAI Chat Completions (provider `openai`, chat API)."""
+    return await _stream_chat(actor, on_chunk, compat=False)
+
+
+async def stream_openai_compatible(actor: Actor, on_chunk: OnChunk) -> Actor:
+    """Any OpenAI-compatible server at `Endpoint.api_base` (provider `openai-compatible`)."""
+    return await _stream_chat(actor, on_chunk, compat=True)
+
+
+def uses_responses_api(endpoint: Endpoint) -> bool:
+    """Whether an `openai` endpoint must go to the Responses API instead of Chat Completions."""
+    api = (endpoint.extra_params or {}).get("api")
+    if api is not None:
+        if api not in ("chat", "responses"):
+            raise ConfigurationError(f"extra_params['api'] must be 'chat' or 'responses', got {api!r}")
+        return bool(api == "responses")
+    return bool(_RESPONSES_ONLY.match(endpoint.model.lower()))
+
+
+async def stream_openai(actor: Actor, on_chunk: OnChunk) -> Actor:
+    """Provider `openai`: Chat Completions, or the Responses API when the model or
+    `extra_params["api"] == "responses"` asks for it."""
+    if uses_responses_api(actor.endpoint):
+        fn: ProviderFn = get_provider_function("openai-responses", actor.endpoint.model)
+        return await fn(actor, on_chunk)
+    return await _stream_chat(actor, on_chunk, compat=False)
