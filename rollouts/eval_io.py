@@ -113,11 +113,9 @@ class SampleLog:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        needs_newline = self.path.exists() and self.path.stat().st_size > 0 and not _ends_with_newline(self.path)
+        if self.path.exists():
+            _drop_torn_tail(self.path)  # a crash mid-write left half a line: that sample reruns
         self._f: IO[str] | None = self.path.open("a", encoding="utf-8")
-        if needs_newline:  # a crash tore the last line: start ours on a fresh one
-            self._f.write("\n")
-            self._f.flush()
         self.written = 0
 
     def write(self, sample: Sample) -> None:
@@ -136,10 +134,24 @@ class SampleLog:
                 f.close()
 
 
-def _ends_with_newline(path: Path) -> bool:
-    with path.open("rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
+def _drop_torn_tail(path: Path, chunk: int = 1 << 16) -> None:
+    """Truncate `path` after its last newline (removing a partial last line, if any)."""
+    with path.open("r+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        pos = end
+        while pos > 0:
+            start = max(0, pos - chunk)
+            f.seek(start)
+            block = f.read(pos - start)
+            nl = block.rfind(b"\n")
+            if nl >= 0:
+                cut = start + nl + 1
+                break
+            pos = start
+        else:
+            cut = 0
+        if cut != end:
+            f.truncate(cut)
 
 
 def iter_sample_log(path: str | Path) -> Iterator[Sample]:

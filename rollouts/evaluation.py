@@ -97,8 +97,9 @@ class EvalConfig:
     endpoint: the model under evaluation.
     score_fn: `Sample -> Score`, sync or async (None: samples are not scored).
     prepare_messages: `row -> messages`, sync or async.
-    environment_factory: builds a fresh Environment per sample; called with the row if it takes
-        an argument, else with none (so a class like `CalculatorEnvironment` works). Sync or async.
+    environment_factory: builds a fresh Environment per sample; called with the row if it has a
+        required positional parameter, else with none (so a class like `CalculatorEnvironment`
+        works). Sync or async.
     run_config: handlers for the agent loop (its limiters and cancel scope are set per sample).
     max_turns: bound on model turns per sample (default: run_config.max_turns if given, else 10).
     max_samples: evaluate only the first N rows.
@@ -306,14 +307,15 @@ async def _maybe_await(value: Any) -> Any:
 
 
 def _takes_argument(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` needs a positional argument (so `CalculatorEnvironment`, whose parameters all
+    have defaults, is called with none, and `lambda row: ...` with the row)."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return True
-    for p in sig.parameters.values():
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL):
-            return True
-    return False
+    return any(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in sig.parameters.values()
+    )
 
 
 def _error_text(stage: str, e: BaseException) -> str:
@@ -334,6 +336,14 @@ def _backoff_delay(config: EvalConfig, retry: int) -> float:
     return base * (0.5 + random.random() / 2)  # "equal jitter": between half and all of it
 
 
+class _EventCallbackError(Exception):
+    """on_sample_event raised (carried out of the agent loop to be reported as such)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _sample_run_config(config: EvalConfig, sample_id: str) -> RunConfig:
     rc = config.run_config or RunConfig()
     max_turns = config.effective_max_turns
@@ -345,9 +355,12 @@ def _sample_run_config(config: EvalConfig, sample_id: str) -> RunConfig:
 
         async def on_chunk(event: StreamEvent) -> None:
             await user_on_chunk(event)
-            result = callback(sample_id, event)
-            if inspect.isawaitable(result):
-                await result
+            try:
+                result = callback(sample_id, event)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as e:
+                raise _EventCallbackError(e) from e
 
         rc = replace(rc, on_chunk=on_chunk)
     return rc
@@ -427,6 +440,11 @@ async def evaluate_sample(
             state = replace(last, stop=None, error=None)
     except AuthenticationError:
         raise
+    except _EventCallbackError as e:
+        return await _finish(
+            config,
+            failed(_error_text("on_sample_event", e.error), sample, attempts, states, traceback=traceback.format_exc()),
+        )
     except Exception as e:
         return await _finish(
             config, failed(_error_text("agent", e), sample, attempts, states, traceback=traceback.format_exc())

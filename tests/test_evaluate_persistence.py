@@ -1,0 +1,264 @@
+"""evaluate() on disk: samples.jsonl as samples finish, atomic report.json, resume, no secrets,
+dataset loaders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from rollouts import (
+    Endpoint,
+    EvalConfig,
+    Message,
+    Metric,
+    Sample,
+    Score,
+    ScriptedModel,
+    evaluate,
+    load_csv,
+    load_jsonl,
+    load_report,
+)
+from rollouts.errors import ConfigurationError
+from rollouts.eval_io import SampleLog, read_sample_log, redact_secrets, write_json_atomic
+from rollouts.providers.scripted import ScriptedRequest
+
+
+def _prepare(row: dict[str, Any]) -> list[Message]:
+    return [Message("user", str(row["q"]))]
+
+
+def _score(sample: Sample) -> Score:
+    ok = sample.response == f"answer {sample.input['q']}"
+    return Score((Metric("correct", float(ok), weight=1.0, metadata={"feedback": "ok" if ok else "wrong"}),))
+
+
+def _config(model: ScriptedModel, out: Path, **kw: Any) -> EvalConfig:
+    kw.setdefault("prepare_messages", _prepare)
+    kw.setdefault("score_fn", _score)
+    kw.setdefault("show_progress", False)
+    kw.setdefault("eval_name", "unit")
+    return EvalConfig(endpoint=kw.pop("endpoint", model.endpoint), output_dir=out, **kw)
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def test_each_sample_is_on_disk_as_soon_as_it_finishes(tmp_path: Path) -> None:
+    on_disk_when_next_started: list[int] = []
+
+    def on_start(sid: str, row: Any) -> None:
+        path = tmp_path / "samples.jsonl"
+        on_disk_when_next_started.append(len(_lines(path)) if path.exists() else 0)
+
+    model = ScriptedModel(lambda req: f"answer {req.last_user_text}")
+    report = await evaluate(
+        [{"q": i} for i in range(5)], _config(model, tmp_path, max_concurrent=1, on_sample_start=on_start)
+    )
+    assert on_disk_when_next_started == [0, 1, 2, 3, 4]
+    records = _lines(tmp_path / "samples.jsonl")
+    assert [r["id"] for r in records] == ["0", "1", "2", "3", "4"]
+    first = Sample.from_dict(records[0])
+    assert first == report.samples[0]  # round trip, trajectory included
+    assert first.trajectory is not None and first.trajectory.messages[-1].text == "answer 0"
+    assert first.score is not None and first.score.feedback == "ok"
+
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["status"] == "completed" and data["eval_name"] == "unit"
+    assert data["summary"]["counts"]["completed"] == 5
+    assert data["sample_ids"] == ["0", "1", "2", "3", "4"]
+    assert data["config"]["score_fn"].endswith(":_score")
+    assert _files(tmp_path) == ["report.json", "samples.jsonl"], "no temporary file is left behind"
+
+    loaded = load_report(tmp_path)
+    assert loaded.samples == report.samples
+    assert loaded.summary == json.loads(json.dumps(report.summary))
+
+
+async def test_resume_after_cancellation_reruns_only_what_was_missing(tmp_path: Path) -> None:
+    n = 20
+    stop_after = 7
+    done_first: list[str] = []
+    calls: list[str] = []
+    scope = trio.CancelScope()
+
+    def on_end(sample: Sample) -> None:
+        done_first.append(sample.id)
+        if len(done_first) == stop_after:
+            scope.cancel()
+
+    async def reply(req: ScriptedRequest) -> str:
+        calls.append(req.last_user_text)
+        await trio.sleep(0.001 * (int(req.last_user_text) % 5))
+        return f"answer {req.last_user_text}"
+
+    model = ScriptedModel(reply)
+    rows = [{"q": i} for i in range(n)]
+    with scope:
+        await evaluate(rows, _config(model, tmp_path, max_concurrent=4, on_sample_end=on_end))
+    assert scope.cancelled_caught
+    first_report = json.loads((tmp_path / "report.json").read_text())
+    assert first_report["status"] == "cancelled"
+    recorded = [r["id"] for r in _lines(tmp_path / "samples.jsonl")]
+    assert sorted(recorded) == sorted(done_first)
+    assert len(recorded) >= stop_after
+    assert first_report["summary"]["counts"]["total"] == len(recorded)
+    in_flight = set(calls) - set(recorded)
+    assert in_flight, "some samples were in flight when the run was cancelled"
+
+    calls.clear()
+    report = await evaluate(rows, _config(model, tmp_path, max_concurrent=4))
+    assert sorted(calls, key=int) == sorted(set(map(str, range(n))) - set(recorded), key=int)
+    assert report.status == "completed"
+    assert report.reused == len(recorded)
+    assert [s.id for s in report.samples] == [str(i) for i in range(n)]
+    assert report.summary["counts"]["completed"] == n
+    assert json.loads((tmp_path / "report.json").read_text())["summary"]["counts"]["completed"] == n
+
+
+async def test_resume_counts_model_calls_exactly(tmp_path: Path) -> None:
+    """Run 1 completes rows 0-9 of 15 (max_samples) and fails row 4; run 2 (all 15) calls the
+    model only for the failed row and the 5 new ones."""
+    calls: list[str] = []
+
+    def reply(req: ScriptedRequest) -> str:
+        calls.append(req.last_user_text)
+        return f"answer {req.last_user_text}"
+
+    fail_once = {"4"}
+
+    def score(sample: Sample) -> Score:
+        if sample.id in fail_once:
+            fail_once.discard(sample.id)
+            raise RuntimeError("flaky scorer")
+        return _score(sample)
+
+    model = ScriptedModel(reply)
+    rows = [{"q": i} for i in range(15)]
+    r1 = await evaluate(rows, _config(model, tmp_path, score_fn=score, max_samples=10))
+    assert r1.summary["counts"] == {"total": 10, "completed": 9, "failed": 1, "provider_error": 0, "pending": 0}
+    assert sorted(calls, key=int) == [str(i) for i in range(10)]
+
+    calls.clear()
+    r2 = await evaluate(rows, _config(model, tmp_path, score_fn=score))
+    assert sorted(calls, key=int) == ["4", "10", "11", "12", "13", "14"]
+    assert r2.reused == 9
+    assert r2.summary["counts"]["completed"] == 15 and r2.summary["counts"]["total"] == 15
+    assert [s.id for s in r2.samples] == [str(i) for i in range(15)]
+    # the failed record and its rerun are both in the log; the latest wins
+    ids = [r["id"] for r in _lines(tmp_path / "samples.jsonl")]
+    assert ids.count("4") == 2 and len(ids) == 16
+    assert read_sample_log(tmp_path / "samples.jsonl")["4"].status == "completed"
+
+    calls.clear()
+    r3 = await evaluate(rows, _config(model, tmp_path))
+    assert calls == [] and r3.reused == 15
+
+
+async def test_resume_refuses_another_eval_or_model(tmp_path: Path) -> None:
+    model = ScriptedModel(lambda req: "answer 1")
+    await evaluate([{"q": 1}], _config(model, tmp_path))
+    with pytest.raises(ConfigurationError, match="eval_name"):
+        await evaluate([{"q": 1}], _config(model, tmp_path, eval_name="other"))
+    other = ScriptedModel(lambda req: "x")
+    with pytest.raises(ConfigurationError, match="another output_dir"):
+        await evaluate([{"q": 1}], _config(other, tmp_path))
+
+
+async def test_no_secret_in_any_written_file(tmp_path: Path) -> None:
+    secret = "sk-THIS-IS-SECRET-1234567890"
+    model = ScriptedModel(lambda req: f"answer {req.last_user_text}")
+    endpoint = Endpoint(
+        provider="scripted",
+        model=model.name,
+        api_key=secret,
+        api_base=f"https://user:{secret}@example.invalid/v1",
+        extra_params={"extra_headers": {"Authorization": f"Bearer {secret}"}, "seed": 3},
+    )
+    config = _config(model, tmp_path, endpoint=endpoint, metadata={"token": secret, "note": "kept"})
+    report = await evaluate([{"q": i} for i in range(3)], config)
+    assert report.summary["counts"]["completed"] == 3
+    files = [tmp_path / name for name in _files(tmp_path)]
+    assert {p.name for p in files} == {"samples.jsonl", "report.json"}
+    for p in files:
+        assert secret not in p.read_text(), f"secret written to {p.name}"
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["config"]["endpoint"]["extra_params"]["seed"] == 3
+    assert data["config"]["metadata"]["note"] == "kept"
+    assert secret not in json.dumps(report.to_dict(include_samples=True))
+
+
+def test_redact_secrets_keeps_token_counts() -> None:
+    data = {"api_key": "k", "max_tokens": 5, "input_tokens": 3, "nested": [{"password": "p", "x": 1}], "auth": ""}
+    assert redact_secrets(data) == {
+        "api_key": "[redacted]",
+        "max_tokens": 5,
+        "input_tokens": 3,
+        "nested": [{"password": "[redacted]", "x": 1}],
+        "auth": "",
+    }
+
+
+def test_sample_log_survives_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "samples.jsonl"
+    good = Sample(id="a", status="completed")
+    log = SampleLog(path)
+    log.write(good)
+    log.close()
+    with path.open("a") as f:
+        f.write('{"id": "b", "status": "comp')  # crash mid-write
+    assert list(read_sample_log(path)) == ["a"]
+    log = SampleLog(path)  # appending starts on a fresh line
+    log.write(Sample(id="c", status="completed"))
+    log.close()
+    assert list(read_sample_log(path)) == ["a", "c"]
+
+    path.write_text('{"id": "a"}\nnot json\n{"id": "c"}\n')
+    with pytest.raises(ValueError, match=r"samples.jsonl:2"):
+        read_sample_log(path)
+
+
+def test_write_json_atomic_replaces_whole_files(tmp_path: Path) -> None:
+    target = tmp_path / "report.json"
+    write_json_atomic(target, {"v": 1})
+    write_json_atomic(target, {"v": 2, "s": "é"})
+    assert json.loads(target.read_text()) == {"v": 2, "s": "é"}
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_load_jsonl_and_csv_are_lazy_and_name_bad_lines(tmp_path: Path) -> None:
+    jl = tmp_path / "d.jsonl"
+    jl.write_text('{"id": 1, "q": "a"}\n\n{"id": 2, "q": "b"}\n[1, 2]\n')
+    it = load_jsonl(jl)
+    assert next(it) == {"id": 1, "q": "a"}
+    assert next(it) == {"id": 2, "q": "b"}
+    with pytest.raises(ConfigurationError, match=r"d.jsonl:4: expected a JSON object"):
+        next(it)
+    jl.write_text('{"id": 1}\n{oops\n')
+    with pytest.raises(ConfigurationError, match=r"d.jsonl:2"):
+        list(load_jsonl(jl))
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        list(load_jsonl(tmp_path / "missing.jsonl"))
+
+    c = tmp_path / "d.csv"
+    c.write_text('id,q,answer\nx,"2, plus 2",4\ny,3,3\n')
+    assert list(load_csv(c)) == [{"id": "x", "q": "2, plus 2", "answer": "4"}, {"id": "y", "q": "3", "answer": "3"}]
+
+
+async def test_evaluate_a_jsonl_file_end_to_end(tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i}", "q": i}) + "\n" for i in range(6)))
+    model = ScriptedModel(lambda req: f"answer {req.last_user_text}")
+    report = await evaluate(load_jsonl(data), _config(model, tmp_path / "out", max_concurrent=3))
+    assert [s.id for s in report.samples] == [f"r{i}" for i in range(6)]
+    assert report.summary["reward"]["mean"] == 1.0
+    assert (tmp_path / "out" / "samples.jsonl").exists()
