@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from _env_helpers import run, tool_messages
@@ -29,7 +29,7 @@ PAGE_B = "<html><body><h2>Bee</h2><p>Buzz.</p></body></html>"
 
 
 class _Handler(BaseHTTPRequestHandler):
-    routes: dict[str, tuple[int, str, bytes, dict[str, str]]] = {}
+    routes: ClassVar[dict[str, tuple[int, str, bytes, dict[str, str]]]] = {}
 
     def do_GET(self) -> None:
         path = self.path

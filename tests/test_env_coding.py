@@ -1,5 +1,8 @@
 """CodingEnvironment on real files and real processes: confinement, edits, bash limits, presets."""
 
+# Assertions inspect real files synchronously on purpose (quick stat calls in tests).
+# ruff: noqa: ASYNC240
+
 from __future__ import annotations
 
 import json
@@ -160,7 +163,9 @@ async def test_bash_cancellation_kills_the_whole_process_group(root: Path) -> No
         async with trio.open_nursery() as nursery:
 
             async def _run() -> None:
-                await _call(env, "bash", command="echo $$ > pids.tmp; sleep 300 & echo $! >> pids.tmp; mv pids.tmp pids; wait")
+                await _call(
+                    env, "bash", command="echo $$ > pids.tmp; sleep 300 & echo $! >> pids.tmp; mv pids.tmp pids; wait"
+                )
 
             nursery.start_soon(_run)
             for _ in range(1000):

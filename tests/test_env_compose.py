@@ -1,5 +1,8 @@
 """compose(): routing by name, collisions and prefixes, serialization of every part."""
 
+# Assertions inspect real files synchronously on purpose (quick stat calls in tests).
+# ruff: noqa: ASYNC240
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,8 @@
 """GitWorktreeEnvironment on real git repositories made in a temp dir."""
 
+# Assertions inspect real files synchronously on purpose (quick stat calls in tests).
+# ruff: noqa: ASYNC240
+
 from __future__ import annotations
 
 import json
@@ -36,7 +39,9 @@ def make_repo(path: Path, branch: str = "main") -> Path:
 
 
 def worktrees(repo: Path) -> list[str]:
-    return [ln.split()[1] for ln in git(repo, "worktree", "list", "--porcelain").splitlines() if ln.startswith("worktree ")]
+    return [
+        ln.split()[1] for ln in git(repo, "worktree", "list", "--porcelain").splitlines() if ln.startswith("worktree ")
+    ]
 
 
 @pytest.fixture
