@@ -277,3 +277,13 @@ async def test_agent_run_survives_a_json_round_trip_mid_run(root: Path) -> None:
     assert [m.details["tool_name"] for m in msgs] == ["write", "edit", "read"]  # type: ignore[index]
     assert "- [x] ship" in msgs[-1].text
     assert (root / "todo.md").read_text() == "- [x] ship\n"
+
+
+async def test_bash_does_not_inherit_credentials_unless_asked(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLOUTS_TEST_API_KEY", "sk-should-not-leak")
+    monkeypatch.setenv("ROLLOUTS_TEST_PLAIN", "visible")
+    cmd = 'echo "${ROLLOUTS_TEST_API_KEY:-unset} $ROLLOUTS_TEST_PLAIN $EXPLICIT_TOKEN"'
+    r = await _call(CodingEnvironment(root, bash_env={"EXPLICIT_TOKEN": "given"}), "bash", command=cmd)
+    assert r.content.startswith("unset visible given\n")
+    r = await _call(CodingEnvironment(root, pass_secrets=True), "bash", command=cmd)
+    assert r.content.startswith("sk-should-not-leak visible \n")

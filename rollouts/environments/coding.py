@@ -40,6 +40,9 @@ PRESETS: Mapping[str, tuple[str, ...]] = {
 _WRITE_TOOLS = frozenset({"write", "edit"})
 _SKIP_DIRS = frozenset({".git", "__pycache__", "node_modules", ".venv", ".mypy_cache", ".ruff_cache"})
 _MAX_LIST = 500
+# Environment variables whose names look like credentials are not passed to bash by default, so
+# a model cannot print the caller's API keys into the transcript.
+_SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 _MAX_GREP_FILE_BYTES = 2_000_000
 
 
@@ -55,6 +58,12 @@ class CodingEnvironment(ToolEnvironment):
         max_read_chars: characters `read` returns per call (use offset/limit for more).
         confirm_bash / confirm_writes: mark bash / write+edit calls `requires_confirmation`.
         bash_env: extra environment variables for bash commands.
+        pass_secrets: pass variables whose names look like credentials (`*_API_KEY`, `*TOKEN*`,
+            `*SECRET*`, ...) from this process to bash. Off by default.
+
+    The path confinement applies to the file tools. `bash` runs in the root but is not a
+    sandbox: a command can read any file the process can. Use the `read_only` preset (no
+    bash) or run the agent in a container when that matters.
     """
 
     def __init__(
@@ -69,6 +78,7 @@ class CodingEnvironment(ToolEnvironment):
         confirm_bash: bool = False,
         confirm_writes: bool = False,
         bash_env: Mapping[str, str] | None = None,
+        pass_secrets: bool = False,
     ) -> None:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
@@ -86,6 +96,7 @@ class CodingEnvironment(ToolEnvironment):
         self.confirm_bash = confirm_bash
         self.confirm_writes = confirm_writes
         self.bash_env = dict(bash_env or {})
+        self.pass_secrets = pass_secrets
 
     # ---- protocol -------------------------------------------------------------------------
 
@@ -113,6 +124,7 @@ class CodingEnvironment(ToolEnvironment):
             "confirm_bash": self.confirm_bash,
             "confirm_writes": self.confirm_writes,
             "bash_env": dict(self.bash_env),
+            "pass_secrets": self.pass_secrets,
         }
 
     @classmethod
@@ -265,7 +277,8 @@ class CodingEnvironment(ToolEnvironment):
         if not 0 < t <= self.max_bash_timeout:
             raise ToolError(f"timeout must be between 0 and {self.max_bash_timeout:g} seconds, got {timeout_seconds}.")
         shell = shutil.which("bash") or "/bin/sh"
-        env = {**os.environ, **self.bash_env}
+        inherited = {k: v for k, v in os.environ.items() if self.pass_secrets or not _SECRET_ENV.search(k)}
+        env = {**inherited, **self.bash_env}
         r = await run_command(
             [shell, "-c", command], cwd=self.root, timeout_s=t, max_output_bytes=self.max_output_bytes, env=env
         )
