@@ -77,6 +77,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     g.add_argument("--max-samples", type=int, metavar="N", help="evaluate only the first N rows")
     g.add_argument("--max-turns", type=int, metavar="N", help="model turns per sample (default 10)")
     g.add_argument("--sample-timeout", type=float, metavar="SECONDS", help="time limit per sample")
+    g.add_argument(
+        "--provider-retries",
+        type=int,
+        metavar="N",
+        help="continue a sample that ended in a provider error up to N more times (default 2)",
+    )
     g.add_argument("--output", metavar="DIR", help="results directory (resumes when it exists)")
     g.add_argument("--name", metavar="NAME", help="evaluation name (default: from the dataset and model)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -312,6 +318,7 @@ def main(args: argparse.Namespace) -> int:
         max_samples=args.max_samples,
         max_concurrent=max_concurrent,
         sample_timeout_s=args.sample_timeout,
+        provider_error_retries=2 if args.provider_retries is None else args.provider_retries,
         output_dir=output,
         eval_name=name,
         show_progress=not args.no_progress,

@@ -1,0 +1,120 @@
+"""`rollouts eval` through the real command: scoring, resume without model calls, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cli_support import FAKE_KEYS, cli_env, files_containing, run_cli
+
+ROWS = [
+    {"id": "a", "question": "what is 2 + 3?", "answer": "5"},
+    {"id": "b", "question": "what is 7 * 6?", "answer": "42"},
+    {"id": "c", "question": "what is 10 / 4?", "answer": "2.5"},
+    {"id": "d", "question": "what is 1 - 1?", "answer": "7"},  # the model says 0: scored wrong
+]
+
+SCORER = """
+from rollouts.scoring import Metric, Score
+
+def score(sample):
+    ok = str(sample.ground_truth) in sample.response
+    return Score((Metric("correct", float(ok), weight=1.0),))
+"""
+
+
+def _dataset(tmp: Path) -> Path:
+    path = tmp / "math.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    (tmp / "my_scores.py").write_text(SCORER)
+    return path
+
+
+def _calls(log: Path) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_eval_twice_second_run_resumes_without_model_calls(tmp_path: Path) -> None:
+    _dataset(tmp_path)
+    log = tmp_path / "calls.log"
+    env = cli_env(tmp_path, ROLLOUTS_SCRIPTED_CALL_LOG=str(log))
+    args = ("eval", "math.jsonl", "-m", "scripted/calculator", "--env", "calculator", "--score", "my_scores:score",
+            "--output", "out")  # fmt: skip
+    first = run_cli(*args, tmp=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr
+    calls_after_first = _calls(log)
+    assert calls_after_first == 8  # two model turns per sample
+    assert "4 samples [completed]" in first.stdout and "reused 0" in first.stdout
+    table = first.stdout.splitlines()
+    assert any(line.split()[:2] == ["correct", "0.7500"] for line in table), first.stdout
+    assert any(line.split()[:2] == ["reward", "0.7500"] for line in table)
+
+    second = run_cli(*args, tmp=tmp_path, env=env)
+    assert second.returncode == 0, second.stderr
+    assert _calls(log) == calls_after_first  # nothing ran again
+    assert "reused 4" in second.stdout
+    assert "resuming in out" in second.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["summary"]["counts"]["completed"] == 4
+    assert report["sample_ids"] == ["a", "b", "c", "d"]
+
+
+def test_eval_resume_runs_only_missing_rows(tmp_path: Path) -> None:
+    _dataset(tmp_path)
+    log = tmp_path / "calls.log"
+    env = cli_env(tmp_path, ROLLOUTS_SCRIPTED_CALL_LOG=str(log))
+    base = ("eval", "math.jsonl", "-m", "scripted/echo", "--score", "contains", "--output", "out")
+    r1 = run_cli(*base, "--max-samples", "2", tmp=tmp_path, env=env)
+    assert r1.returncode == 0, r1.stderr
+    assert _calls(log) == 2
+    r2 = run_cli(*base, tmp=tmp_path, env=env)
+    assert r2.returncode == 0, r2.stderr
+    assert _calls(log) == 4
+    assert "reused 2" in r2.stdout
+    users = [json.loads(line)["user"] for line in log.read_text().splitlines()]
+    assert sorted(users[:2]) == ["what is 2 + 3?", "what is 7 * 6?"]
+    assert sorted(users[2:]) == ["what is 1 - 1?", "what is 10 / 4?"]
+
+
+def test_eval_csv_with_builtin_scorer_and_json_report(tmp_path: Path) -> None:
+    (tmp_path / "qa.csv").write_text("question,answer\nwhat is 2 + 2?,4\nwhat is 3 * 3?,9\n")
+    r = run_cli(
+        "eval", "qa.csv", "-m", "scripted/calculator", "--score", "numeric_match", "--json", "--no-progress",
+        tmp=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["summary"]["metrics"]["numeric_match"]["mean"] == 1.0
+    assert report["status"] == "completed"
+    # default output: $ROLLOUTS_RESULTS_DIR/<dataset>-<provider>-<model>
+    assert (tmp_path / "results" / "qa-scripted-calculator" / "samples.jsonl").is_file()
+
+
+def test_eval_failures_make_the_exit_code_non_zero(tmp_path: Path) -> None:
+    _dataset(tmp_path)
+    r = run_cli("eval", "math.jsonl", "-m", "scripted/fail", "--provider-retries", "0", "--output", "out", tmp=tmp_path)
+    assert r.returncode == 1
+    assert "provider errors 4" in r.stdout
+    assert "a: provider_error" in r.stdout
+
+
+def test_eval_user_errors(tmp_path: Path) -> None:
+    _dataset(tmp_path)
+    r = run_cli("eval", "nope.jsonl", "-m", "scripted/echo", tmp=tmp_path)
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = run_cli("eval", "math.jsonl", "-m", "scripted/echo", "--score", "no_such_scorer", tmp=tmp_path)
+    assert r.returncode == 2 and "built-in scorers: " in r.stderr and "exact_match" in r.stderr
+    r = run_cli("eval", "math.jsonl", "-m", "scripted/echo", "--score", "my_scores:nothing", tmp=tmp_path)
+    assert r.returncode == 2 and "has no function 'nothing'" in r.stderr
+
+
+def test_eval_writes_no_key(tmp_path: Path) -> None:
+    _dataset(tmp_path)
+    env = cli_env(tmp_path, **FAKE_KEYS)
+    r = run_cli("eval", "math.jsonl", "-m", "scripted/echo", "--score", "contains", "--output", "out", tmp=tmp_path,
+                env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    for key in FAKE_KEYS.values():
+        assert key not in r.stdout + r.stderr
+    assert (tmp_path / "out" / "report.json").is_file()
+    assert files_containing(tmp_path, list(FAKE_KEYS.values())) == []
