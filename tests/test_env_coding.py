@@ -287,3 +287,27 @@ async def test_bash_does_not_inherit_credentials_unless_asked(root: Path, monkey
     assert r.content.startswith("unset visible given\n")
     r = await _call(CodingEnvironment(root, pass_secrets=True), "bash", command=cmd)
     assert r.content.startswith("sk-should-not-leak visible \n")
+
+
+async def test_cancelling_the_run_mid_bash_aborts_cleanly_without_orphans(root: Path) -> None:
+    env = CodingEnvironment(root, bash_timeout=300)
+    scope = trio.CancelScope()
+    cmd = "echo $$ > pids.tmp; sleep 300 & echo $! >> pids.tmp; mv pids.tmp pids; wait"
+    result: list[list[AgentState]] = []
+    async with trio.open_nursery() as nursery:
+
+        async def _go() -> None:
+            result.append(await run(env, [tool_call("bash", command=cmd), "never reached"], cancel_scope=scope))
+
+        nursery.start_soon(_go)
+        for _ in range(1000):
+            if (root / "pids").exists():
+                break
+            await trio.sleep(0.01)
+        pids = [int(x) for x in (root / "pids").read_text().split()]
+        scope.cancel()
+    final = result[0][-1]
+    assert final.stop == StopReason.ABORTED
+    assert [c.name for c in final.pending_tool_calls] == ["bash"] and final.next_tool_idx == 0
+    for pid in pids:
+        assert await wait_dead(pid), f"process {pid} outlived the cancelled run"

@@ -44,6 +44,7 @@ _MAX_LIST = 500
 # a model cannot print the caller's API keys into the transcript.
 _SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 _MAX_GREP_FILE_BYTES = 2_000_000
+_MAX_READ_FILE_BYTES = 20_000_000
 
 
 class CodingEnvironment(ToolEnvironment):
@@ -179,6 +180,12 @@ class CodingEnvironment(ToolEnvironment):
             raise ToolError(f"{shown!r} is a directory; use ls to list it.")
         if not p.is_file():
             raise ToolError(f"File not found: {shown!r}. Use ls or glob to find the right path.")
+        size = p.stat().st_size
+        if size > _MAX_READ_FILE_BYTES:
+            raise ToolError(
+                f"{shown!r} is {size} bytes, too large to read whole (limit {_MAX_READ_FILE_BYTES}); "
+                "use grep, or bash with head/tail/sed -n."
+            )
         data = p.read_bytes()
         if b"\x00" in data[:8192]:
             raise ToolError(f"{shown!r} looks like a binary file ({len(data)} bytes); read only reads text files.")
