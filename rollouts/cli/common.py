@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import inspect
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from rollouts.config import BaseModelConfig, RolloutsConfig, load_config, resolve_model
 from rollouts.dtypes import Endpoint
@@ -145,25 +146,27 @@ def _import_attr(target: str) -> Any:
     return getattr(module, attr)
 
 
-def make_environment(name: str, cwd: str | None = None, *, confirm: bool = True) -> Any:
-    """A fresh environment for `--env name`."""
+def environment_class(name: str) -> Any:
+    """The class behind `--env name` (CLIError if unknown or not installed)."""
     target = ENVIRONMENTS.get(name)
     if target is None:
         raise CLIError(f"unknown environment {name!r}; choose one of {', '.join(sorted(ENVIRONMENTS))}")
     try:
-        cls = _import_attr(target)
+        return _import_attr(target)
     except (ImportError, AttributeError):
         raise CLIError(f"--env {name} is not available in this installation ({target} is missing)") from None
-    root = str(Path(cwd or os.getcwd()).resolve())
-    if name in ("basic", "calculator"):
-        return cls()
+
+
+async def make_environment(name: str, cwd: str | None = None, *, confirm: bool = True) -> Any:
+    """A fresh environment for `--env name`. coding and git work in `cwd` (git: in a new
+    worktree of the repository there); with `confirm`, shell commands and file writes ask first."""
+    cls = environment_class(name)
+    root = str(await trio.Path(cwd or os.getcwd()).resolve())
     try:
         if name == "coding":
             return cls(root, confirm_bash=confirm, confirm_writes=confirm)
         if name == "git":
-            params = inspect.signature(cls).parameters
-            kwargs = {k: True for k in ("confirm_bash", "confirm_writes") if k in params and confirm}
-            return cls(root, **kwargs)
+            return await cls.create(root, confirm_bash=confirm, confirm_writes=confirm)
         return cls()
     except ValueError as e:
         raise CLIError(f"--env {name}: {e}") from None

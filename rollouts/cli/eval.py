@@ -23,6 +23,7 @@ from rollouts.cli.common import (
     HelpFormatter,
     add_env_args,
     add_model_args,
+    environment_class,
     get_config,
     load_callable,
     make_environment,
@@ -296,12 +297,11 @@ def main(args: argparse.Namespace) -> int:
     if system_prompt:
         prepare = _with_system(prepare, system_prompt)
     score_fn = _resolve_scorer(args.score) if args.score else None
-    if args.env and args.env != "basic":
-        make_environment(args.env, args.cwd, confirm=False)  # fail now, not once per sample
     env_name, cwd = args.env or "basic", args.cwd
+    environment_class(env_name)  # fail now, not once per sample
 
-    def environment_factory() -> Any:
-        return make_environment(env_name, cwd, confirm=False)
+    async def environment_factory() -> Any:
+        return await make_environment(env_name, cwd, confirm=False)
 
     environment_factory.__qualname__ = f"cli_environment[{env_name}]"
     name = args.name or _slug(f"{Path(args.dataset).stem}-{endpoint.provider}-{endpoint.model}")

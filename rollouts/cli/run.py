@@ -184,10 +184,10 @@ def _env_name(env: Any) -> str:
 
 async def _environment_from_session(session: Any, args: argparse.Namespace) -> Any:
     if args.env:
-        return make_environment(args.env, args.cwd, confirm=not args.yes)
+        return await make_environment(args.env, args.cwd, confirm=not args.yes)
     type_name = getattr(session, "environment_type", None)
     if not type_name:
-        return make_environment("basic")
+        return await make_environment("basic")
     try:
         cls: Any = load_environment_class(type_name)
     except (ImportError, AttributeError, ValueError) as e:
@@ -261,7 +261,7 @@ async def _setup(args: argparse.Namespace, config: RolloutsConfig, store: Any, s
         return _Setup(state, _env_name(env), store)
     endpoint = endpoint_from_args(args, config)
     env_name = args.env or str(config.defaults.get("env") or "basic")
-    env = make_environment(env_name, args.cwd, confirm=not args.yes)
+    env = await make_environment(env_name, args.cwd, confirm=not args.yes)
     initial: tuple[Message, ...] = (Message("system", system_prompt),) if system_prompt else ()
     return _Setup(AgentState(actor=Actor(Trajectory(initial), endpoint), environment=env), env_name, store)
 
