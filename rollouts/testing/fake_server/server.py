@@ -222,6 +222,8 @@ class FakeServer:
         self.connections_opened = 0
         self.completed_streams = 0
         self._next_index = 0
+        self._idle = trio.Event()
+        self._idle.set()
         self.host = "127.0.0.1"
         self.port = 0
 
@@ -247,6 +249,12 @@ class FakeServer:
         reqs = self.scripted_requests
         assert reqs, "the fake server has received no scripted request"
         return reqs[-1]
+
+    async def wait_idle(self) -> None:
+        """Return once no scripted request is in progress (e.g. after a client hung up, the
+        handler ends at its next write)."""
+        while self.in_flight:
+            await self._idle.wait()
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -359,12 +367,16 @@ class FakeServer:
             request.method, request.path, request.query, request.headers, request.body, request.raw_body, index
         )
         self.requests.append(request)
+        if self.in_flight == 0:
+            self._idle = trio.Event()
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             return await self._respond_scripted(conn, stream, request, fmt)
         finally:
             self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
 
     async def _respond_scripted(
         self, conn: h11.Connection, stream: trio.SocketStream, request: RecordedRequest, fmt: WireFormat
