@@ -82,3 +82,23 @@ def test_ctrl_c_at_an_idle_prompt_warns_first(tmp_path: Path) -> None:
     child.expect_exact("Ctrl-C again")
     child.sendintr()
     assert _finish(child) == 0
+
+
+def test_tool_confirmation_prompt_denies_then_approves(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    child = _spawn(tmp_path, "-m", "scripted/shell", "--env", "coding", "--cwd", str(work), "--no-session")
+    child.sendline("echo hi > made.txt")
+    child.expect_exact("Run bash(command='echo hi > made.txt')? [y/N]")
+    child.sendline("n")
+    child.expect_exact("The command did not run: The user denied this tool call: n")
+    child.expect_exact("> ")
+    assert not (work / "made.txt").exists()
+    child.sendline("echo hi > made.txt")
+    child.expect_exact("[y/N]")
+    child.sendline("y")
+    child.expect_exact("Done. Output:")
+    child.expect_exact("> ")
+    assert (work / "made.txt").read_text() == "hi\n"
+    child.sendline("/exit")
+    assert _finish(child) == 0

@@ -206,3 +206,18 @@ def test_help_shows_examples(tmp_path: Path, command: str | None) -> None:
     assert r.returncode == 0, r.stderr
     assert "examples:" in r.stdout
     assert "rollouts " in r.stdout.split("examples:")[1]
+
+
+def test_tool_needing_confirmation_is_denied_without_a_terminal_unless_yes(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ("run", "-m", "scripted/shell", "--env", "coding", "--cwd", str(work), "-p", "echo hi > made.txt",
+            "--no-session")  # fmt: skip
+    r = run_cli(*args, tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "run with --yes to approve tool calls" in r.stderr
+    assert not (work / "made.txt").exists()
+    r = run_cli(*args, "--yes", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (work / "made.txt").read_text() == "hi\n"
+    assert "Done. Output:" in r.stdout

@@ -4,6 +4,7 @@
     calculator  solves "what is 7 + 5 * 3?" left to right with the calculator tools when the
                 environment has them, otherwise answers in text
     slow        streams a long answer slowly (about 30 s): for trying Ctrl-C
+    shell       runs your message as a `bash` command (with --env coding), then reports the result
     fail        fails every call with a provider error
 
 They stream exactly like a real provider (same events, same aggregation). When the environment
@@ -115,6 +116,20 @@ def _slow(request: ScriptedRequest) -> ReplyLike:
     return ScriptedReply(text=f"Here is a long answer: {_SLOW_TEXT}.", thinking="This will take a while.")
 
 
+def _shell(request: ScriptedRequest) -> ReplyLike:
+    _log_call("shell", request)
+    if not any(t.name == "bash" for t in request.tools):
+        return "I need a bash tool: run me with --env coding."
+    last = request.messages[-1] if request.messages else None
+    if last is not None and last.role == "tool":
+        if last.details and last.details.get("is_error"):
+            return f"The command did not run: {last.text}"
+        return f"Done. Output:\n{last.text.strip()}"
+    return ScriptedReply(
+        text="I'll run that.", tool_calls=(ScriptedToolCall("bash", {"command": request.last_user_text.strip()}),)
+    )
+
+
 def _fail(request: ScriptedRequest) -> ReplyLike:
     _log_call("fail", request)
     return ProviderError("scripted/fail always fails (HTTP 500 from a pretend server)", provider="scripted")
@@ -124,6 +139,7 @@ BUILTIN_SCRIPTED_MODELS: dict[str, Callable[[], ScriptedModel]] = {
     "echo": lambda: ScriptedModel(_echo, name="echo", chunk_size=4),
     "calculator": lambda: ScriptedModel(_calculator, name="calculator", chunk_size=6),
     "slow": lambda: ScriptedModel(_slow, name="slow", chunk_size=6, chunk_delay_s=0.1),
+    "shell": lambda: ScriptedModel(_shell, name="shell"),
     "fail": lambda: ScriptedModel(_fail, name="fail"),
 }
 
