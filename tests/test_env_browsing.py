@@ -228,3 +228,15 @@ async def test_agent_browses_and_the_page_survives_a_round_trip_mid_run(site: st
     assert isinstance(final, BrowsingEnvironment) and final.history == [site + "/", site + "/a"]
     again = await clone_environment(final)
     assert await again.serialize() == await final.serialize()
+
+
+async def test_back_keeps_history_when_the_page_is_gone(site: str) -> None:
+    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"])
+    await _call(env, "fetch", url=site + "/b.html")
+    await _call(env, "fetch", url=site + "/a")
+    _Handler.routes.pop("/b.html")
+    r = await _call(env, "back")
+    assert r.is_error and "HTTP 404" in r.content
+    assert env.history == [site + "/b.html", site + "/a"] and env.url == site + "/a"
+    r = await _call(BrowsingEnvironment(), "back")
+    assert r.is_error and "no previous page" in r.content

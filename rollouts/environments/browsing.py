@@ -344,9 +344,13 @@ class BrowsingEnvironment(ToolEnvironment):
         """Go back to the previous page (it is fetched again)."""
         if len(self.history) < 2:
             raise ToolError("There is no previous page to go back to.")
-        previous = self.history[-2]
-        self.history = self.history[:-2]
-        return await self._open(previous)
+        saved = list(self.history)
+        self.history = saved[:-2]
+        try:
+            return await self._open(saved[-2])
+        except BaseException:  # restore on any failure (cancellation included), then re-raise
+            self.history = saved
+            raise
 
     @tool
     async def search(self, query: str, max_results: int = 8) -> str:

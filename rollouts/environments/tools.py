@@ -29,6 +29,7 @@ import inspect
 import re
 import types
 import typing
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 
@@ -173,6 +174,9 @@ def tool(fn: F | None = None, *, name: str | None = None, description: str | Non
     return decorate
 
 
+_SPECS_CACHE: weakref.WeakKeyDictionary[type, tuple[ToolSpec, ...]] = weakref.WeakKeyDictionary()
+
+
 class ToolEnvironment(EnvironmentBase):
     """An environment whose tools are its `@tool` methods (in definition order).
 
@@ -182,6 +186,9 @@ class ToolEnvironment(EnvironmentBase):
     @classmethod
     def tool_specs(cls) -> tuple[ToolSpec, ...]:
         """Every `@tool` method of the class and its bases (base-class tools first)."""
+        cached = _SPECS_CACHE.get(cls)
+        if cached is not None:
+            return cached
         seen: dict[str, ToolSpec] = {}
         for klass in reversed(cls.__mro__):
             for attr, value in vars(klass).items():
@@ -189,7 +196,8 @@ class ToolEnvironment(EnvironmentBase):
                 if isinstance(spec, ToolSpec):
                     seen.pop(spec.tool.name, None)
                     seen[spec.tool.name] = ToolSpec(spec.tool, attr)
-        return tuple(seen.values())
+        specs = _SPECS_CACHE[cls] = tuple(seen.values())
+        return specs
 
     def enabled_tools(self) -> Sequence[str] | None:
         """Names of the tools to offer, or None for all of them."""
