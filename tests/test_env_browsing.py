@@ -240,3 +240,16 @@ async def test_back_keeps_history_when_the_page_is_gone(site: str) -> None:
     assert env.history == [site + "/b.html", site + "/a"] and env.url == site + "/a"
     r = await _call(BrowsingEnvironment(), "back")
     assert r.is_error and "no previous page" in r.content
+
+
+def test_html_without_closing_head_tag_keeps_its_body() -> None:
+    from rollouts.environments._html import html_to_page
+
+    page = html_to_page(
+        "<html><head><title>T</title><meta charset=utf-8><body><p>Hello <a href=/x>there</a><br>next"
+        "<table><tr><td>a<td>b</table><img alt=pic src=a.png><a href='javascript:void(0)'>js</a>",
+        "http://h/dir/",
+    )
+    assert page.title == "T"
+    assert page.text == "Hello there [1]\nnext\n\n| a | b\n[image: pic]js"
+    assert [(link.text, link.url) for link in page.links] == [("there", "http://h/x")]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from urllib.parse import urljoin, urlsplit
 
-_SKIP = frozenset({"script", "style", "noscript", "template", "svg", "iframe", "object", "head"})
+_SKIP = frozenset({"script", "style", "noscript", "template", "svg", "iframe", "object"})
 _BLOCK = frozenset(
     {
         "p", "div", "section", "article", "main", "header", "footer", "nav", "aside", "form", "table",
