@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from rollouts.cli.common import CLIError, HelpFormatter, redact
+from rollouts.cli.common import CLIError, HelpFormatter, RedactingStream, redact, secret_values, unwrap_group
 
 EXAMPLES = """\
 examples:
@@ -99,8 +99,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    extra = (args.api_key_env,) if getattr(args, "api_key_env", None) else ()
+    secrets = secret_values(extra)
+    if secrets:  # whatever is printed, a key value never reaches the terminal or a pipe
+        sys.stdout = RedactingStream(sys.stdout, secrets)  # type: ignore[assignment]
+        sys.stderr = RedactingStream(sys.stderr, secrets)  # type: ignore[assignment]
     try:
-        return int(args.func(args) or 0)
+        try:
+            return int(args.func(args) or 0)
+        except BaseExceptionGroup as group:
+            single = unwrap_group(group)
+            if single is group:
+                raise
+            raise single from None
     except CLIError as e:
         print(f"rollouts: error: {redact(str(e))}", file=sys.stderr)
         return e.exit_code
@@ -113,8 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not isinstance(e, RolloutsError):
             raise
         code = 2 if isinstance(e, ConfigurationError) else 1
-        extra = (getattr(args, "api_key_env", None),) if getattr(args, "api_key_env", None) else ()
-        print(f"rollouts: error: {redact(str(e), extra)}", file=sys.stderr)  # type: ignore[arg-type]
+        message = " ".join(redact(str(e), extra).split())  # one line
+        print(f"rollouts: error: {message}", file=sys.stderr)
         return code
 
 

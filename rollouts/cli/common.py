@@ -231,3 +231,32 @@ def redact(text: str, extra_env_names: tuple[str, ...] = ()) -> str:
     for value in secret_values(extra_env_names):
         text = text.replace(value, "***")
     return text
+
+
+class RedactingStream:
+    """A text stream wrapper that replaces API key values before they are written."""
+
+    def __init__(self, stream: Any, secrets: list[str]) -> None:
+        self._stream = stream
+        self._secrets = sorted(set(secrets), key=len, reverse=True)
+
+    def write(self, text: str) -> int:
+        for value in self._secrets:
+            if value in text:
+                text = text.replace(value, "***")
+        return int(self._stream.write(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def unwrap_group(e: BaseException) -> BaseException:
+    """The single real error inside (nested) exception groups, or `e` itself."""
+    for _ in range(100):
+        if not isinstance(e, BaseExceptionGroup):
+            return e
+        real = [x for x in e.exceptions if not isinstance(x, trio.Cancelled)]
+        if len(real) != 1:
+            return e
+        e = real[0]
+    return e

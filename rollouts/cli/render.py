@@ -228,9 +228,10 @@ class TerminalRenderer:
                 self._write_err(self._style(f"  {self._from} error: {line}", _RED) + "\n")
             else:
                 self._write_err(self._style(f"  {self._from} {line}", _DIM) + "\n")
-        elif isinstance(event, StreamError):
-            what = "retrying" if event.will_retry else "failed"
-            self.status(f"[stream {what}: {_one_line(event.error)}]", error=not event.will_retry)
+        elif isinstance(event, StreamError) and event.will_retry:
+            # a final failure is reported once, by the command, when the run ends
+            self.finish_line()
+            self.status(f"[attempt {event.attempt} failed, retrying: {_one_line(event.error)}]")
 
 
 class JsonRenderer:
