@@ -80,11 +80,16 @@ class MissingAPIKeyError(ConfigurationError):
         self.variable = variable
 
 
+# Providers rollouts ships (registered by their modules); listed here too so that a model spec
+# is checked the same way whichever provider modules have been imported.
+_STANDARD_PROVIDERS = ("anthropic", "google", "local", "openai", "openai-compatible", "openai-responses", "scripted")
+
+
 def known_providers() -> list[str]:
-    """Every provider name an endpoint may use (the provider registry's list)."""
+    """Every provider name an endpoint may use: the standard ones and any registered."""
     from rollouts.providers import known_providers as registry_known
 
-    return registry_known()
+    return sorted(set(registry_known()) | set(_STANDARD_PROVIDERS))
 
 
 def _local_model_names() -> tuple[str, ...]:
