@@ -73,6 +73,16 @@ async def test_default_branch_is_detected_whatever_its_name(tmp_path: Path, name
         await env.aclose()
 
 
+async def test_default_branch_of_a_clone_follows_origin_head(tmp_path: Path) -> None:
+    upstream = make_repo(tmp_path / "upstream", branch="trunk")
+    git(tmp_path, "clone", "-q", str(upstream), "clone")
+    clone = tmp_path / "clone"
+    git(clone, "checkout", "-q", "-b", "main")  # a local branch with a "default-looking" name
+    assert await default_branch(str(clone)) == "trunk"
+    git(clone, "branch", "-q", "-D", "trunk")  # only origin/trunk is left
+    assert await default_branch(str(clone)) == "origin/trunk"
+
+
 async def test_agent_fixes_a_bug_and_every_change_is_a_commit(env: GitWorktreeEnvironment, repo: Path) -> None:
     replies = [
         tool_call("bash", command="python test_calc.py"),
