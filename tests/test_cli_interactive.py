@@ -102,3 +102,18 @@ def test_tool_confirmation_prompt_denies_then_approves(tmp_path: Path) -> None:
     assert (work / "made.txt").read_text() == "hi\n"
     child.sendline("/exit")
     assert _finish(child) == 0
+
+
+def test_ctrl_c_in_a_one_shot_run_exits_130(tmp_path: Path) -> None:
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "rollouts.cli", "run", "-m", "scripted/slow", "-p", "go on", "--no-session"],
+        cwd=str(tmp_path),
+        env=cli_env(tmp_path),
+        encoding="utf-8",
+        timeout=30,
+    )
+    child.expect_exact("word2 ")
+    child.sendintr()
+    child.expect_exact("cancelled this turn")
+    assert _finish(child) == 130
