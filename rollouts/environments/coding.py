@@ -45,6 +45,7 @@ _MAX_LIST = 500
 _SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 _MAX_GREP_FILE_BYTES = 2_000_000
 _MAX_READ_FILE_BYTES = 20_000_000
+_MAX_WALK_FILES = 20_000
 
 
 class CodingEnvironment(ToolEnvironment):
@@ -320,6 +321,8 @@ class CodingEnvironment(ToolEnvironment):
         return await trio.to_thread.run_sync(_ls)
 
     def _walk_files(self, base: Path) -> list[Path]:
+        """Files under `base` (skipping VCS/cache dirs and links that leave the root), at most
+        `_MAX_WALK_FILES` of them; ToolError beyond that, asking for a narrower path."""
         files: list[Path] = []
         for dirpath, dirnames, filenames in os.walk(base):
             dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
@@ -328,6 +331,10 @@ class CodingEnvironment(ToolEnvironment):
                 real = os.path.realpath(full)
                 if real == self.root or real.startswith(self.root + os.sep):
                     files.append(full)
+                    if len(files) > _MAX_WALK_FILES:
+                        raise ToolError(
+                            f"More than {_MAX_WALK_FILES} files under {self._rel(base)!r}; search a narrower path."
+                        )
         return files
 
     @tool
