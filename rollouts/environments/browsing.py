@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import urljoin, urlsplit
 
-import httpx2
 import trio
 
 from rollouts.environments._html import Link, html_to_page
@@ -27,6 +26,8 @@ from rollouts.environments.tools import ToolEnvironment, ToolError, tool
 
 if TYPE_CHECKING:
     from typing import Self
+
+    import httpx2
 
 __all__ = ["BrowsingEnvironment", "SearchBackend", "SearchResult"]
 
@@ -132,7 +133,10 @@ class BrowsingEnvironment(ToolEnvironment):
     async def serialize(self) -> dict[str, Any]:
         backend = None
         if self.search_backend is not None:
-            backend = {"type": environment_type_name(type(self.search_backend)), "state": self.search_backend.serialize()}
+            backend = {
+                "type": environment_type_name(type(self.search_backend)),
+                "state": self.search_backend.serialize(),
+            }
         return {
             "allow_hosts": list(self.allow_hosts) if self.allow_hosts is not None else None,
             "deny_hosts": list(self.deny_hosts),
@@ -184,6 +188,8 @@ class BrowsingEnvironment(ToolEnvironment):
 
     async def _get(self, url: str) -> tuple[str, str, str, bool]:
         """(final url, kind, decoded body, truncated) after redirects, with every hop checked."""
+        import httpx2  # imported on first use: `import rollouts` stays fast
+
         timeout = httpx2.Timeout(self.timeout)
         headers = {"User-Agent": _USER_AGENT, "Accept": "text/html, text/plain, application/json;q=0.9, */*;q=0.1"}
         with trio.move_on_after(self.timeout) as overall:

@@ -21,8 +21,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import jsonschema
-
 from rollouts._schema import argument_errors
 from rollouts.dtypes import Actor, AgentState, Endpoint, ToolCall, ToolResult, Trajectory
 from rollouts.environments.base import Environment
@@ -43,6 +41,8 @@ def _fail(env: object, what: str) -> EnvironmentCheckError:
 
 def check_tools(env: Environment) -> None:
     """Tool names unique and well formed, descriptions present, parameters valid JSON Schema."""
+    import jsonschema  # imported here: `import rollouts` stays fast
+
     seen: set[str] = set()
     for t in env.get_tools():
         if not _NAME_RE.match(t.name):
