@@ -178,10 +178,26 @@ def build_chat_request(actor: Actor, *, compat: bool) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
+_NO_EXTRA = object()
+
+
 def _get(obj: Any, name: str) -> Any:
-    """A field of an SDK object or of a dict (None when absent)."""
+    """A field of an SDK object or of a dict (None when absent).
+
+    For SDK (pydantic) objects the instance dict and the extras are read directly: a plain
+    `getattr` on a missing field raises and catches AttributeError inside pydantic, which costs
+    ~3 us, several times per chunk."""
     if type(obj) is dict:
         return obj.get(name)
+    if obj is None:
+        return None
+    d = getattr(obj, "__dict__", None)
+    if d is not None:
+        if name in d:
+            return d[name]
+        extra = getattr(obj, "__pydantic_extra__", _NO_EXTRA)
+        if extra is not _NO_EXTRA:
+            return extra.get(name) if extra else None
     return getattr(obj, name, None)
 
 

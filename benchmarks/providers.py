@@ -1,0 +1,250 @@
+"""What our provider layer costs on top of each provider SDK.
+
+The fake provider server (`python -m rollouts.testing.fake_server`) runs in a SEPARATE process,
+so `time.process_time()` here counts only client CPU.
+
+1. Per-event CPU: one streamed reply of 10,000 text deltas, iterated (a) through the bare SDK
+   stream (touching each delta's text) and (b) through our provider function (events built,
+   aggregated into a Message, sent to a no-op on_chunk). Best of several runs after a warm-up.
+   `overhead_ratio_<provider>` = our CPU per event / bare SDK CPU per event (target <= 1.2).
+2. Fan-out: 200 concurrent streams from a server that waits 100 ms before the first byte
+   (short replies), through our layer vs through the bare SDK, one shared client each, fresh
+   connections (target: ours <= 1.3x the SDK's wall time). The lean HTTP transport
+   (`Endpoint.transport="http"`) is measured too.
+
+Providers are rows of `PROVIDERS`: add an entry (endpoint factory + bare-SDK streaming function)
+to measure another one. Entries whose SDK is missing are skipped with a note.
+
+Run: python benchmarks/providers.py [--deltas 10000] [--concurrency 200]
+Last line: JSON with overhead_ratio_<provider>..., overhead_ratio_max, concurrent200_wall_s,
+concurrent200_sdk_wall_s, concurrent200_ratio_to_sdk (plus per-event microseconds and the lean
+transport's figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from rollouts.dtypes import Actor, Endpoint, Message, Trajectory
+from rollouts.events import ignore_chunk
+from rollouts.providers import get_provider_function
+from rollouts.providers._clients import client_scope
+
+MESSAGES = (Message("user", "Stream, please."),)
+
+
+# --------------------------------------------------------------------------------------------
+# Provider table
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProviderEntry:
+    """One provider to measure.
+
+    `endpoint(url)` builds our Endpoint against the fake server at `url` (no path);
+    `make_client(url)` builds the bare SDK client and `bare_stream(client)` streams one reply
+    through it, touching each delta, returning the number of deltas seen; `close_client` closes it.
+    """
+
+    name: str
+    endpoint: Callable[[str], Endpoint]
+    make_client: Callable[[str], Any]
+    bare_stream: Callable[[Any], Awaitable[int]]
+    close_client: Callable[[Any], Awaitable[None]]
+
+
+def _openai_client(url: str) -> Any:
+    import openai
+
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0)
+
+
+async def _openai_bare(client: Any) -> int:
+    n = 0
+    stream = await client.chat.completions.create(
+        model="fake-model",
+        messages=[{"role": "user", "content": "Stream, please."}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    async with stream:
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                n += 1
+    return n
+
+
+async def _close_openai(client: Any) -> None:
+    await client.close()
+
+
+PROVIDERS: list[ProviderEntry] = [
+    ProviderEntry(
+        "openai",
+        lambda url: Endpoint("openai", "fake-model", api_base=f"{url}/v1", api_key="bench"),
+        _openai_client,
+        _openai_bare,
+        _close_openai,
+    ),
+    ProviderEntry(
+        "openai_compatible",
+        lambda url: Endpoint("openai-compatible", "fake-model", api_base=f"{url}/v1"),
+        _openai_client,
+        _openai_bare,
+        _close_openai,
+    ),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Fake server process
+# --------------------------------------------------------------------------------------------
+
+
+class ServerProcess:
+    def __init__(self, *args: str) -> None:
+        cmd = [sys.executable, "-m", "rollouts.testing.fake_server", *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        assert line.startswith("listening on "), f"fake server did not start: {line!r}"
+        self.url = line.removeprefix("listening on ")
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# --------------------------------------------------------------------------------------------
+# Measurements
+# --------------------------------------------------------------------------------------------
+
+
+async def _cpu_per_event(fn: Callable[[], Awaitable[int]], repeats: int) -> float:
+    """Best CPU seconds per delta over `repeats` runs (after one warm-up)."""
+    await fn()
+    best = float("inf")
+    for _ in range(repeats):
+        c0 = time.process_time()
+        n = await fn()
+        best = min(best, (time.process_time() - c0) / max(1, n))
+    return best
+
+
+def _ours(entry: ProviderEntry, endpoint: Endpoint) -> Callable[[], Awaitable[int]]:
+    fn = get_provider_function(endpoint.provider, endpoint.model)
+    actor = Actor(Trajectory(MESSAGES), endpoint)
+
+    async def run() -> int:
+        result = await fn(actor, ignore_chunk)
+        return len(result.trajectory.messages[-1].text) // 4  # 4 characters per delta
+
+    return run
+
+
+async def per_event(entry: ProviderEntry, url: str, repeats: int) -> dict[str, float]:
+    client = entry.make_client(url)
+    try:
+        bare = await _cpu_per_event(lambda: entry.bare_stream(client), repeats)
+    finally:
+        await entry.close_client(client)
+    async with client_scope():
+        ours = await _cpu_per_event(_ours(entry, entry.endpoint(url)), repeats)
+    return {"bare_us": bare * 1e6, "ours_us": ours * 1e6, "ratio": ours / bare}
+
+
+async def per_event_http(url: str, repeats: int) -> dict[str, float]:
+    endpoint = Endpoint("openai-compatible", "fake-model", api_base=f"{url}/v1", transport="http")
+    async with client_scope():
+        ours = await _cpu_per_event(_ours(PROVIDERS[0], endpoint), repeats)
+    return {"ours_us": ours * 1e6}
+
+
+async def _fan_out(n: int, one: Callable[[], Awaitable[Any]]) -> float:
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(n):
+            nursery.start_soon(one)
+    return time.perf_counter() - t0
+
+
+async def concurrent(entry: ProviderEntry, url: str, n: int, rounds: int) -> dict[str, float]:
+    best_sdk = best_ours = best_http = float("inf")
+    for _ in range(rounds):
+        client = entry.make_client(url)
+        try:
+            best_sdk = min(best_sdk, await _fan_out(n, lambda c=client: entry.bare_stream(c)))
+        finally:
+            await entry.close_client(client)
+        async with client_scope():
+            best_ours = min(best_ours, await _fan_out(n, _ours(entry, entry.endpoint(url))))
+        http_ep = Endpoint("openai-compatible", "fake-model", api_base=f"{url}/v1", transport="http")
+        async with client_scope():
+            best_http = min(best_http, await _fan_out(n, _ours(entry, http_ep)))
+    return {"sdk": best_sdk, "ours": best_ours, "http": best_http}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    ratios: dict[str, float] = {}
+    with ServerProcess("--deltas", str(args.deltas), "--chunk-size", "4") as srv:
+        for entry in PROVIDERS:
+            r = await per_event(entry, srv.url, args.repeats)
+            print(
+                f"{entry.name:>20}: bare SDK {r['bare_us']:7.1f} us/event, ours {r['ours_us']:7.1f} us/event, "
+                f"ratio {r['ratio']:.3f}",
+                flush=True,
+            )
+            ratios[entry.name] = r["ratio"]
+            result[f"us_per_event_bare_{entry.name}"] = round(r["bare_us"], 2)
+            result[f"us_per_event_ours_{entry.name}"] = round(r["ours_us"], 2)
+        h = await per_event_http(srv.url, args.repeats)
+        print(f"{'lean http transport':>20}: ours {h['ours_us']:7.1f} us/event", flush=True)
+        result["us_per_event_http_transport"] = round(h["ours_us"], 2)
+    with ServerProcess("--text", "A short streamed answer for fan-out.", "--latency", "0.1") as srv:
+        c = await concurrent(PROVIDERS[0], srv.url, args.concurrency, args.rounds)
+    print(
+        f"{args.concurrency} concurrent streams, 100 ms first byte: bare SDK {c['sdk']:.3f} s, "
+        f"ours (SDK) {c['ours']:.3f} s, ours (lean http) {c['http']:.3f} s",
+        flush=True,
+    )
+    for name, ratio in ratios.items():
+        result[f"overhead_ratio_{name}"] = round(ratio, 3)
+    result["overhead_ratio_max"] = round(max(ratios.values()), 3)
+    result["concurrent200_wall_s"] = round(c["ours"], 3)
+    result["concurrent200_sdk_wall_s"] = round(c["sdk"], 3)
+    result["concurrent200_ratio_to_sdk"] = round(c["ours"] / c["sdk"], 3)
+    result["concurrent200_http_wall_s"] = round(c["http"], 3)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--deltas", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    result = trio.run(main_async, args)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
