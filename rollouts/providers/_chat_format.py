@@ -195,7 +195,7 @@ def _get(obj: Any, name: str) -> Any:
     if d is not None:
         if name in d:
             return d[name]
-        extra = getattr(obj, "__pydantic_extra__", _NO_EXTRA)
+        extra: Any = getattr(obj, "__pydantic_extra__", _NO_EXTRA)
         if extra is not _NO_EXTRA:
             return extra.get(name) if extra else None
     return getattr(obj, name, None)
