@@ -29,11 +29,14 @@ How it runs:
 
 from __future__ import annotations
 
+import functools
 import inspect
+import math
 import random
 import time
 import traceback
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
@@ -310,6 +313,18 @@ def _takes_argument(fn: Callable[..., Any]) -> bool:
     """Whether `fn` needs a positional argument (so `CalculatorEnvironment`, whose parameters all
     have defaults, is called with none, and `lambda row: ...` with the row)."""
     try:
+        return _takes_argument_cached(fn)
+    except TypeError:  # an unhashable callable
+        return _needs_positional(fn)
+
+
+@functools.lru_cache(maxsize=256)
+def _takes_argument_cached(fn: Callable[..., Any]) -> bool:
+    return _needs_positional(fn)
+
+
+def _needs_positional(fn: Callable[..., Any]) -> bool:
+    try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return True
@@ -375,7 +390,7 @@ async def evaluate_sample(
     "provider_error" and `error` set); raises only `trio.Cancelled` (and other cancellation),
     and `AuthenticationError`. `environment` overrides `config.environment_factory`."""
     started = time.perf_counter()
-    deadline = trio.current_time() + config.sample_timeout_s if config.sample_timeout_s else float("inf")
+    deadline = trio.current_time() + config.sample_timeout_s if config.sample_timeout_s else math.inf
     sample = Sample(id=sample_id, input=row)
     timeout_text = f"timed out after {config.sample_timeout_s}s (EvalConfig.sample_timeout_s)"
 
@@ -388,7 +403,8 @@ async def evaluate_sample(
     # 1. callbacks, messages and environment
     messages: Sequence[Message] = ()
     env = environment
-    with trio.move_on_at(deadline) as setup_scope:
+    setup_scope = _time_limit(deadline)
+    with setup_scope or nullcontext():
         try:
             if config.on_sample_start is not None:
                 await _maybe_await(config.on_sample_start(sample_id, row))
@@ -414,7 +430,7 @@ async def evaluate_sample(
                 return await _finish(
                     config, failed(_error_text("environment_factory", e), sample, traceback=traceback.format_exc())
                 )
-    if setup_scope.cancelled_caught:
+    if setup_scope is not None and setup_scope.cancelled_caught:
         return await _finish(config, failed(timeout_text, sample))
 
     # 2. the agent, continued after provider errors
@@ -428,7 +444,8 @@ async def evaluate_sample(
     try:
         for retry in range(config.provider_error_retries + 1):
             attempts += 1
-            run_states = await run_agent(state, replace(rc, cancel_scope=trio.CancelScope(deadline=deadline)))
+            run_scope = _time_limit(deadline)
+            run_states = await run_agent(state, rc if run_scope is None else replace(rc, cancel_scope=run_scope))
             states = states[:-1] + run_states if retry else run_states
             last = states[-1]
             if last.stop != StopReason.PROVIDER_ERROR or retry == config.provider_error_retries:
@@ -450,8 +467,11 @@ async def evaluate_sample(
             config, failed(_error_text("agent", e), sample, attempts, states, traceback=traceback.format_exc())
         )
     last = states[-1]
-    sample = replace(
-        sample, trajectory=last.actor.trajectory, stop_reason=last.stop.value if last.stop is not None else None
+    sample = Sample(
+        id=sample_id,
+        input=row,
+        trajectory=last.actor.trajectory,
+        stop_reason=last.stop.value if last.stop is not None else None,
     )
     if last.stop == StopReason.ABORTED or (trio.current_time() >= deadline and last.stop == StopReason.PROVIDER_ERROR):
         return await _finish(config, failed(timeout_text, sample, attempts, states))
@@ -460,9 +480,11 @@ async def evaluate_sample(
         return await _finish(config, replace(sample, status="provider_error", error=last.error, metadata=meta))
 
     # 3. scoring
-    sample = replace(sample, status="completed", metadata=_base_metadata(started, attempts, states))
+    sample = replace(sample, status="completed")
+    score: Score | None = None
     if config.score_fn is not None:
-        with trio.move_on_at(deadline) as score_scope:
+        score_scope = _time_limit(deadline)
+        with score_scope or nullcontext():
             try:
                 score = await _maybe_await(config.score_fn(sample))
                 if not isinstance(score, Score):
@@ -472,10 +494,14 @@ async def evaluate_sample(
                     config,
                     failed(_error_text("score_fn", e), sample, attempts, states, traceback=traceback.format_exc()),
                 )
-        if score_scope.cancelled_caught:
+        if score_scope is not None and score_scope.cancelled_caught:
             return await _finish(config, failed(timeout_text + " while scoring", sample, attempts, states))
-        sample = replace(sample, score=score, metadata=_base_metadata(started, attempts, states))
-    return await _finish(config, sample)
+    return await _finish(config, replace(sample, score=score, metadata=_base_metadata(started, attempts, states)))
+
+
+def _time_limit(deadline: float) -> trio.CancelScope | None:
+    """A scope ending at `deadline`, or None when there is no time limit (saves a scope per phase)."""
+    return trio.CancelScope(deadline=deadline) if deadline != math.inf else None
 
 
 async def _finish(config: EvalConfig, sample: Sample) -> Sample:
