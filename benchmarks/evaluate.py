@@ -115,13 +115,18 @@ def _rows(n: int) -> Any:
     return ({"n": i, "answer": str(i)} for i in range(n))  # lazy, as a real dataset would be
 
 
+def _count_lines(path: Path) -> int:
+    with path.open(encoding="utf-8") as f:
+        return sum(1 for _ in f)
+
+
 async def _timed_run(base_url: str, transport: str, n: int, concurrency: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as out:
         config = _config(base_url, transport, concurrency, out)
         cpu0, t0 = time.process_time(), time.perf_counter()
         report = await evaluate(_rows(n), config)
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        lines = sum(1 for _ in open(Path(out) / "samples.jsonl", encoding="utf-8"))
+        lines = _count_lines(Path(out) / "samples.jsonl")
     counts = report.summary["counts"]
     assert counts["completed"] == n, f"{transport}: {counts} — first error: {_first_error(report)}"
     assert report.summary["reward"]["mean"] == 1.0, "every answer should be scored correct"
