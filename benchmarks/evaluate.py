@@ -54,6 +54,7 @@ async def _serve(latency_s: float) -> None:
         stats = {
             "max_in_flight": srv.max_in_flight,
             "requests": len(srv.requests),
+            "connections_opened": srv.connections_opened,
             "cpu_ms_per_request": round(time.process_time() * 1e3 / max(1, len(srv.requests)), 3),
         }
         print(json.dumps(stats), flush=True)

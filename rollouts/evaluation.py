@@ -24,13 +24,15 @@ How it runs:
 * With `output_dir`, each finished sample is appended to `samples.jsonl` (with its trajectory)
   and flushed; `report.json` (config without secrets + summary) is written atomically at the end,
   also on Ctrl-C or cancellation. Running again with the same `output_dir` reuses completed
-  samples and reruns only missing, failed and provider-error ones; the report covers them all.
+  samples (same id, same row) and reruns missing, failed and provider-error ones and rows whose
+  content changed; the report covers them all.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import json
 import math
 import random
 import time
@@ -584,6 +586,16 @@ def _check_resumable(out: Path, config: EvalConfig) -> None:
             )
 
 
+def _same_input(recorded: Mapping[str, Any], row: Row) -> bool:
+    """Whether a recorded sample's input is this row (compared as the JSON it was written as)."""
+    if recorded == row:
+        return True
+    try:
+        return json.loads(json.dumps(dict(row), default=str)) == recorded
+    except (TypeError, ValueError):
+        return False
+
+
 def _is_cancellation(e: BaseException) -> bool:
     if isinstance(e, BaseExceptionGroup):
         return all(_is_cancellation(x) for x in e.exceptions)
@@ -667,6 +679,8 @@ async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
             order.append(sid)
             index += 1
             done = previous.get(sid)
+            if done is not None and not _same_input(done.input, row):
+                done = None  # the row changed since it was recorded: run it again
             if done is None:
                 nursery.start_soon(run_one, row, sid, token, nursery.cancel_scope)
                 continue

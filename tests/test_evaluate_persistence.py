@@ -262,3 +262,75 @@ async def test_evaluate_a_jsonl_file_end_to_end(tmp_path: Path) -> None:
     assert [s.id for s in report.samples] == [f"r{i}" for i in range(6)]
     assert report.summary["reward"]["mean"] == 1.0
     assert (tmp_path / "out" / "samples.jsonl").exists()
+
+
+async def test_a_row_changed_since_it_was_recorded_runs_again(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def reply(req: ScriptedRequest) -> str:
+        calls.append(req.last_user_text)
+        return f"answer {req.last_user_text}"
+
+    model = ScriptedModel(reply)
+    await evaluate([{"id": "a", "q": 1}, {"id": "b", "q": (2, 3)}], _config(model, tmp_path))
+    calls.clear()
+    # "b" holds a tuple, recorded as a JSON list: still the same row
+    report = await evaluate([{"id": "a", "q": 10}, {"id": "b", "q": (2, 3)}], _config(model, tmp_path))
+    assert calls == ["10"]
+    assert report.reused == 1 and report.get("a").input["q"] == 10  # type: ignore[union-attr]
+
+
+_CTRL_C_SCRIPT = """
+import sys, trio
+from rollouts import EvalConfig, Message, ScriptedModel, evaluate
+
+async def reply(req):
+    i = int(req.last_user_text)
+    if i >= 5:
+        await trio.sleep(60)
+    return f"answer {i}"
+
+finished = []
+
+def on_end(sample):
+    finished.append(sample.id)
+    if len(finished) == 5:  # rows 5+ never finish
+        print("ready", flush=True)
+
+model = ScriptedModel(reply)
+config = EvalConfig(
+    endpoint=model.endpoint,
+    prepare_messages=lambda row: [Message("user", str(row["q"]))],
+    max_concurrent=3,
+    output_dir=sys.argv[1],
+    show_progress=False,
+    on_sample_end=on_end,
+)
+trio.run(evaluate, [{"q": i} for i in range(10)], config)
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_finished_samples_and_writes_the_report(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CTRL_C_SCRIPT, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "cancelled"
+    assert report["summary"]["counts"]["completed"] == 5
+    assert sorted(r["id"] for r in _lines(tmp_path / "samples.jsonl")) == ["0", "1", "2", "3", "4"]
