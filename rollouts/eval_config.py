@@ -1,0 +1,161 @@
+"""EvalConfig: how evaluate() runs a dataset (model, hooks, limits, retries, output)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeAlias
+
+from rollouts.dtypes import Endpoint, Message
+from rollouts.environments.base import Environment
+from rollouts.errors import ConfigurationError
+from rollouts.eval_io import redact_secrets
+from rollouts.events import StreamEvent
+from rollouts.run_config import RunConfig
+from rollouts.scoring import Sample, Score
+
+Row: TypeAlias = Mapping[str, Any]
+ScoreFn: TypeAlias = Callable[[Sample], Score | Awaitable[Score]]
+PrepareMessages: TypeAlias = Callable[[Row], Sequence[Message] | Awaitable[Sequence[Message]]]
+EnvironmentFactory: TypeAlias = Callable[..., Environment | Awaitable[Environment]]
+OnSampleStart: TypeAlias = Callable[[str, Row], Awaitable[None] | None]
+OnSampleEvent: TypeAlias = Callable[[str, StreamEvent], Awaitable[None] | None]
+OnSampleEnd: TypeAlias = Callable[[Sample], Awaitable[None] | None]
+Dataset: TypeAlias = Iterable[Row] | AsyncIterable[Row]
+
+_DEFAULT_MAX_TURNS = 10
+
+
+def default_prepare_messages(row: Row) -> list[Message]:
+    """Messages from a row: its `messages` (dicts or Messages), else a user message from
+    `prompt`, `question` or `input` (after a `system` message if the row has one)."""
+    if "messages" in row:
+        msgs = row["messages"]
+        return [m if isinstance(m, Message) else Message.from_dict(m) for m in msgs]
+    for key in ("prompt", "question", "input"):
+        if isinstance(row.get(key), str):
+            out = [Message("system", row["system"])] if isinstance(row.get("system"), str) else []
+            out.append(Message("user", row[key]))
+            return out
+    raise ConfigurationError(
+        f"cannot build messages from a row with keys {sorted(row)}: give it a 'messages', 'prompt' or "
+        "'question' field, or set EvalConfig.prepare_messages"
+    )
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """How to evaluate a dataset. Only `endpoint` is required.
+
+    endpoint: the model under evaluation.
+    score_fn: `Sample -> Score`, sync or async (None: samples are not scored).
+    prepare_messages: `row -> messages`, sync or async.
+    environment_factory: builds a fresh Environment per sample; called with the row if it has a
+        required positional parameter, else with none (so a class like `CalculatorEnvironment`
+        works). Sync or async.
+    run_config: handlers for the agent loop (its limiters and cancel scope are set per sample).
+    max_turns: bound on model turns per sample (default: run_config.max_turns if given, else 10).
+    max_samples: evaluate only the first N rows.
+    max_concurrent: samples in flight at once.
+    max_concurrent_model_calls / max_concurrent_tools: limits on concurrent model calls / tool
+        executions across all samples (default: max_concurrent).
+    sample_timeout_s: time limit per sample (including retries and scoring); a sample over it
+        fails with its partial trajectory kept.
+    provider_error_retries: how many times a run that ended in a provider error is continued
+        (after the Endpoint's own per-call retries), waiting `retry_backoff_s * 2**k` (jittered,
+        at most `retry_backoff_max_s`) in between.
+    output_dir: where `samples.jsonl` and `report.json` go; also enables resume.
+    eval_name: names the evaluation in the report (resume refuses a different name).
+    show_progress: draw a progress bar on stderr when it is a terminal.
+    on_sample_start(sample_id, row) / on_sample_event(sample_id, event) / on_sample_end(sample):
+        callbacks, sync or async; an exception in one fails that sample.
+    metadata: free-form JSON-safe data recorded in report.json.
+    """
+
+    endpoint: Endpoint
+    score_fn: ScoreFn | None = None
+    prepare_messages: PrepareMessages = default_prepare_messages
+    environment_factory: EnvironmentFactory | None = None
+    run_config: RunConfig | None = None
+    max_turns: int | None = None
+    max_samples: int | None = None
+    max_concurrent: int = 8
+    max_concurrent_model_calls: int | None = None
+    max_concurrent_tools: int | None = None
+    sample_timeout_s: float | None = None
+    provider_error_retries: int = 2
+    retry_backoff_s: float = 1.0
+    retry_backoff_max_s: float = 30.0
+    output_dir: str | Path | None = None
+    eval_name: str = "eval"
+    show_progress: bool = True
+    on_sample_start: OnSampleStart | None = None
+    on_sample_event: OnSampleEvent | None = None
+    on_sample_end: OnSampleEnd | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        def positive(name: str, value: float | None, allow_none: bool = True) -> None:
+            if value is None and allow_none:
+                return
+            if value is None or value <= 0:
+                raise ConfigurationError(f"EvalConfig.{name} must be > 0, got {value!r}")
+
+        if not isinstance(self.endpoint, Endpoint):
+            raise ConfigurationError(f"EvalConfig.endpoint must be an Endpoint, got {type(self.endpoint).__name__}")
+        positive("max_concurrent", self.max_concurrent, allow_none=False)
+        positive("max_concurrent_model_calls", self.max_concurrent_model_calls)
+        positive("max_concurrent_tools", self.max_concurrent_tools)
+        positive("max_turns", self.max_turns)
+        positive("sample_timeout_s", self.sample_timeout_s)
+        if self.max_samples is not None and self.max_samples < 0:
+            raise ConfigurationError(f"EvalConfig.max_samples must be >= 0, got {self.max_samples}")
+        if not 0 <= self.provider_error_retries <= 100:
+            raise ConfigurationError(
+                f"EvalConfig.provider_error_retries must be between 0 and 100, got {self.provider_error_retries}"
+            )
+        if self.retry_backoff_s < 0 or self.retry_backoff_max_s < 0:
+            raise ConfigurationError("EvalConfig.retry_backoff_s and retry_backoff_max_s must be >= 0")
+        if not self.eval_name:
+            raise ConfigurationError("EvalConfig.eval_name must not be empty")
+        if self.run_config is not None and self.run_config.cancel_scope is not None:
+            raise ConfigurationError(
+                "EvalConfig.run_config.cancel_scope must be None: evaluate() gives each sample its own "
+                "(use sample_timeout_s for a time limit, or cancel the surrounding scope to stop the eval)"
+            )
+
+    @property
+    def effective_max_turns(self) -> int:
+        if self.max_turns is not None:
+            return self.max_turns
+        return self.run_config.max_turns if self.run_config is not None else _DEFAULT_MAX_TURNS
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe description without secrets (functions recorded by name)."""
+        return {
+            "eval_name": self.eval_name,
+            "endpoint": redact_secrets(self.endpoint.to_dict()),
+            "score_fn": _callable_name(self.score_fn),
+            "prepare_messages": _callable_name(self.prepare_messages),
+            "environment_factory": _callable_name(self.environment_factory),
+            "max_turns": self.effective_max_turns,
+            "max_samples": self.max_samples,
+            "max_concurrent": self.max_concurrent,
+            "max_concurrent_model_calls": self.max_concurrent_model_calls or self.max_concurrent,
+            "max_concurrent_tools": self.max_concurrent_tools or self.max_concurrent,
+            "sample_timeout_s": self.sample_timeout_s,
+            "provider_error_retries": self.provider_error_retries,
+            "retry_backoff_s": self.retry_backoff_s,
+            "retry_backoff_max_s": self.retry_backoff_max_s,
+            "output_dir": str(self.output_dir) if self.output_dir is not None else None,
+            "metadata": redact_secrets(dict(self.metadata)),
+        }
+
+
+def _callable_name(fn: Any) -> str | None:
+    if fn is None:
+        return None
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}:{name}"
