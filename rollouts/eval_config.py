@@ -59,7 +59,9 @@ class EvalConfig:
     max_samples: evaluate only the first N rows.
     max_concurrent: samples in flight at once.
     max_concurrent_model_calls / max_concurrent_tools: limits on concurrent model calls / tool
-        executions across all samples (default: max_concurrent).
+        executions across all samples (default: max_concurrent). A `model_limiter` /
+        `tool_limiter` already set in `run_config` is used instead, so concurrent evaluations
+        (e.g. GEPA's) can share one limit.
     sample_timeout_s: time limit per sample (including retries and scoring); a sample over it
         fails with its partial trajectory kept.
     provider_error_retries: how many times a run that ended in a provider error is continued

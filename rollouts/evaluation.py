@@ -408,8 +408,10 @@ async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
     rc = replace(
         rc,
         max_turns=config.effective_max_turns,
-        model_limiter=trio.CapacityLimiter(config.max_concurrent_model_calls or config.max_concurrent),
-        tool_limiter=trio.CapacityLimiter(config.max_concurrent_tools or config.max_concurrent),
+        # A limiter given in run_config is kept: several evaluations can share one.
+        model_limiter=rc.model_limiter
+        or trio.CapacityLimiter(config.max_concurrent_model_calls or config.max_concurrent),
+        tool_limiter=rc.tool_limiter or trio.CapacityLimiter(config.max_concurrent_tools or config.max_concurrent),
     )
     run_cfg = replace(config, run_config=rc)
 

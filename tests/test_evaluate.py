@@ -681,3 +681,29 @@ def test_progress_bar_draws_on_a_tty_only() -> None:
 async def test_show_progress_false_draws_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     await evaluate([{"q": 1}], _config(_echo_model(), show_progress=False))
     assert capsys.readouterr().err == ""
+
+
+async def test_concurrent_evaluations_can_share_one_model_limiter() -> None:
+    flight = _InFlight()
+
+    async def reply(req: ScriptedRequest) -> str:
+        flight.enter()
+        try:
+            await trio.sleep(0.005)
+        finally:
+            flight.exit()
+        return f"answer {req.last_user_text}"
+
+    shared = RunConfig(model_limiter=trio.CapacityLimiter(3))
+    model = ScriptedModel(reply)
+    reports: list[Any] = []
+
+    async def one(name: str) -> None:
+        config = _config(model, run_config=shared, max_concurrent=10, eval_name=name)
+        reports.append(await evaluate([{"q": i} for i in range(20)], config))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, "a")
+        nursery.start_soon(one, "b")
+    assert flight.peak == 3
+    assert [r.summary["counts"]["completed"] for r in reports] == [20, 20]
