@@ -25,11 +25,12 @@ from rollouts.scoring import Sample
 SAMPLES_FILE = "samples.jsonl"
 REPORT_FILE = "report.json"
 
-_SECRET_KEY = re.compile(r"(api[_-]?key|secret|token|password|passwd|authorization|auth|credential|cookie)", re.I)
-_URL_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
-_TOKEN_COUNT_KEYS = frozenset(
-    {"max_tokens", "input_tokens", "output_tokens", "total_tokens", "reasoning_tokens", "max_completion_tokens"}
+_SECRET_KEY = re.compile(
+    r"api[_-]?key|secret|password|passwd|authorization|credential|cookie|bearer|private[_-]?key"
+    r"|(?:^|[_-])(?:token|auth|key)(?:[_-]|$)",
+    re.I,
 )
+_URL_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
 REDACTED = "[redacted]"
 
 
@@ -75,7 +76,7 @@ def load_csv(path: str | Path, **reader_kwargs: Any) -> Iterator[dict[str, Any]]
 
 
 def _is_secret_key(key: str) -> bool:
-    return key not in _TOKEN_COUNT_KEYS and not key.endswith("_tokens") and bool(_SECRET_KEY.search(key))
+    return bool(_SECRET_KEY.search(key))
 
 
 def redact_secrets(value: Any) -> Any:

@@ -198,13 +198,21 @@ async def test_no_secret_in_any_written_file(tmp_path: Path) -> None:
 
 
 def test_redact_secrets_keeps_token_counts() -> None:
-    data = {"api_key": "k", "max_tokens": 5, "input_tokens": 3, "nested": [{"password": "p", "x": 1}], "auth": ""}
+    data = {
+        "api_key": "k",
+        "max_tokens": 5,
+        "input_tokens": 3,
+        "nested": [{"password": "p", "x": 1}],
+        "auth": "",
+        "author": "a",
+    }
     assert redact_secrets(data) == {
         "api_key": "[redacted]",
         "max_tokens": 5,
         "input_tokens": 3,
         "nested": [{"password": "[redacted]", "x": 1}],
         "auth": "",
+        "author": "a",
     }
 
 
