@@ -179,7 +179,10 @@ async def evaluate_sample(
 
     Never raises for a problem of this sample (the returned Sample has status "failed" or
     "provider_error" and `error` set); raises only `trio.Cancelled` (and other cancellation),
-    and `AuthenticationError`. `environment` overrides `config.environment_factory`."""
+    and `AuthenticationError`. `environment` overrides `config.environment_factory`.
+
+    A run that stops for any reason of the agent's own (no tool called, max turns, context too
+    long, a tool error handler) is "completed" and scored: that is the model's result."""
     started = time.perf_counter()
     deadline = trio.current_time() + config.sample_timeout_s if config.sample_timeout_s else math.inf
     sample = Sample(id=sample_id, input=row)

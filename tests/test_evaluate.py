@@ -707,3 +707,19 @@ async def test_concurrent_evaluations_can_share_one_model_limiter() -> None:
         nursery.start_soon(one, "b")
     assert flight.peak == 3
     assert [r.summary["counts"]["completed"] for r in reports] == [20, 20]
+
+
+async def test_context_too_long_is_a_scored_result_not_a_failure() -> None:
+    from rollouts.errors import ContextTooLongError
+
+    def reply(req: ScriptedRequest) -> Any:
+        if req.last_user_text == "long":
+            return ContextTooLongError("prompt is too long", provider="scripted", status_code=400)
+        return f"answer {req.last_user_text}"
+
+    model = ScriptedModel(reply)
+    report = await evaluate([{"q": "long"}, {"q": "short"}], _config(model, retry_backoff_s=0.001))
+    long, short = report.samples
+    assert long.status == "completed" and long.stop_reason == "context_too_long" and long.reward == 0.0
+    assert long.metadata["attempts"] == 1
+    assert short.reward == 1.0
