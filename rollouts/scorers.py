@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+import trio
+
 from rollouts.agents import rollout
 from rollouts.dtypes import Actor, Endpoint, Message, Trajectory
 from rollouts.events import StreamEvent
@@ -313,12 +315,14 @@ def llm_judge_metric(
     max_score: float = 10.0,
     prompt_template: str = JUDGE_PROMPT,
     system: str | None = None,
+    limiter: trio.CapacityLimiter | None = None,
 ) -> MetricFn:
     """A metric function asking `endpoint` to grade the sample's response against `rubric`.
 
     The value is the judge's score divided by `max_score` (clipped to [0, 1]); the judge's text
     is kept as feedback. A reply without a parseable score raises (the sample fails). The call
-    goes through `rollout`, so any provider works and evaluate()'s client pool is reused."""
+    goes through `rollout`, so any provider works and evaluate()'s client pool is reused.
+    `limiter` bounds concurrent judge calls (the judge is not under evaluate()'s model limit)."""
     if max_score <= 0:
         raise ValueError(f"llm_judge: max_score must be > 0, got {max_score}")
 
@@ -332,7 +336,12 @@ def llm_judge_metric(
             max_score=f"{max_score:g}",
         )
         messages = ((Message("system", system),) if system else ()) + (Message("user", prompt),)
-        actor = await rollout(Actor(Trajectory(messages), endpoint), _ignore)
+        judge_actor = Actor(Trajectory(messages), endpoint)
+        if limiter is not None:
+            async with limiter:
+                actor = await rollout(judge_actor, _ignore)
+        else:
+            actor = await rollout(judge_actor, _ignore)
         reply = actor.trajectory.messages[-1].text
         raw = _SCORE_TAG(reply) or _SCORE_LINE(reply)
         value = parse_number(raw) if raw is not None else None
@@ -357,13 +366,21 @@ def llm_judge(
     prompt_template: str = JUDGE_PROMPT,
     system: str | None = None,
     extra: Sequence[MetricSpec] = (),
+    limiter: trio.CapacityLimiter | None = None,
 ) -> ScoreFn:
     """A score function whose reward is an LLM judge's grade (see `llm_judge_metric`).
 
     `extra` adds more metrics alongside the judge, e.g. `(metric("length", fn),)`."""
     judge = metric(
         name,
-        llm_judge_metric(endpoint, rubric=rubric, max_score=max_score, prompt_template=prompt_template, system=system),
+        llm_judge_metric(
+            endpoint,
+            rubric=rubric,
+            max_score=max_score,
+            prompt_template=prompt_template,
+            system=system,
+            limiter=limiter,
+        ),
         weight,
     )
     return combine(judge, *extra)

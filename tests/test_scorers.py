@@ -162,3 +162,28 @@ async def test_judge_inside_evaluate_shares_the_eval() -> None:
     assert report.rewards == (0.5, 1.0)
     assert report.summary["metrics"]["exact"]["mean"] == 1.0
     assert judge.calls == 2
+
+
+async def test_judge_limiter_bounds_concurrent_judge_calls() -> None:
+    now = peak = 0
+
+    async def judge_reply(req: ScriptedRequest) -> str:
+        nonlocal now, peak
+        now += 1
+        peak = max(peak, now)
+        await trio.sleep(0.005)
+        now -= 1
+        return "<score>10</score>"
+
+    model = ScriptedModel(lambda req: "x")
+    judge = ScriptedModel(judge_reply)
+    config = EvalConfig(
+        endpoint=model.endpoint,
+        prepare_messages=lambda row: [Message("user", "q")],
+        score_fn=llm_judge(judge.endpoint, rubric="r", limiter=trio.CapacityLimiter(2)),
+        max_concurrent=8,
+        show_progress=False,
+    )
+    report = await evaluate([{"i": i} for i in range(10)], config)
+    assert peak == 2 and judge.calls == 10
+    assert report.summary["reward"]["mean"] == 1.0
