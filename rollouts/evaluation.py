@@ -459,7 +459,10 @@ async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
                     slots.release_on_behalf_of(token)
                     return
                 if not isinstance(row, Mapping):
-                    raise ConfigurationError(f"dataset row {index} is a {type(row).__name__}; every row must be a dict")
+                    raise ConfigurationError(
+                        f"dataset row {index} is a {type(row).__name__}; every row must be a dict "
+                        "(for a pandas DataFrame pass df.to_dict('records'))"
+                    )
                 sid = sample_id_for(row, index)
                 if sid in first_index:
                     raise ConfigurationError(
