@@ -167,15 +167,10 @@ def iter_sample_log(path: str | Path) -> Iterator[Sample]:
             if pending is not None:
                 yield _parse_sample_line(p, *pending)
             pending = (lineno, line) if line.strip() else None
-        if pending is not None:
-            lineno, line = pending
-            if line.endswith("\n"):
-                yield _parse_sample_line(p, lineno, line)
-            else:
-                try:
-                    yield Sample.from_dict(json.loads(line))
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                    return  # torn by a crash mid-write; that sample simply runs again
+        # Every record is written with its newline in one write, so a last line without one was
+        # torn by a crash mid-write: it is skipped (and SampleLog truncates it); that sample reruns.
+        if pending is not None and pending[1].endswith("\n"):
+            yield _parse_sample_line(p, *pending)
 
 
 def _parse_sample_line(path: Path, lineno: int, line: str) -> Sample:
