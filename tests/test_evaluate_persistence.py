@@ -230,6 +230,13 @@ def test_sample_log_survives_a_torn_last_line(tmp_path: Path) -> None:
     log.close()
     assert list(read_sample_log(path)) == ["a", "c"]
 
+    with path.open("a") as f:
+        f.write('{"id": "d", "status": "completed"}')  # complete JSON, but its newline never made it
+    assert list(read_sample_log(path)) == ["a", "c"]
+    SampleLog(path).close()
+    text = path.read_text()
+    assert text.endswith("\n") and '"d"' not in text and text.count("\n") == 2
+
     path.write_text('{"id": "a"}\nnot json\n{"id": "c"}\n')
     with pytest.raises(ValueError, match=r"samples.jsonl:2"):
         read_sample_log(path)
