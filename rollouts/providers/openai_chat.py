@@ -51,6 +51,7 @@ from rollouts.providers._retry import (
     failure_from_status,
     stream_with_retries,
 )
+from rollouts.providers.openai_http import shared_ssl_context
 
 _RESPONSES_ONLY = re.compile(r"^(?:o\d+-pro|gpt-5(?:\.\d+)?-pro|gpt-5(?:\.\d+)?-codex|codex-|computer-use)")
 _CREATE_PARAMS = frozenset(
@@ -95,6 +96,7 @@ def _make_sdk_client(endpoint: Endpoint, api_key: str) -> openai.AsyncOpenAI:
         base_url=endpoint.api_base or None,
         max_retries=0,  # retried by rollouts.providers._retry
         timeout=openai.Timeout(endpoint.timeout, connect=min(10.0, endpoint.timeout)),
+        http_client=openai.DefaultAsyncHttpxClient(verify=shared_ssl_context()),  # SDK defaults, shared TLS
     )
 
 

@@ -41,8 +41,9 @@ _MAX_EVENT_BYTES = 16 * 1024 * 1024  # a single SSE event larger than this is re
 _ssl_context: ssl.SSLContext | None = None
 
 
-def _shared_ssl_context() -> ssl.SSLContext:
-    """One TLS context for every client: building one costs ~40 ms of CPU."""
+def shared_ssl_context() -> ssl.SSLContext:
+    """One TLS context for every client we build (pass it as `verify=`): building one costs
+    ~40 ms of CPU, which would otherwise be paid by every client."""
     global _ssl_context
     if _ssl_context is None:
         _ssl_context = httpx2.create_ssl_context()
@@ -51,7 +52,7 @@ def _shared_ssl_context() -> ssl.SSLContext:
 
 def _make_client(endpoint: Endpoint, max_connections: int = MAX_CONNECTIONS) -> httpx2.AsyncClient:
     return httpx2.AsyncClient(
-        verify=_shared_ssl_context(),
+        verify=shared_ssl_context(),
         limits=httpx2.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=30.0
         ),
