@@ -54,7 +54,8 @@ class EvalConfig:
     environment_factory: builds a fresh Environment per sample; called with the row if it has a
         required positional parameter, else with none (so a class like `CalculatorEnvironment`
         works). Sync or async.
-    run_config: handlers for the agent loop (its limiters and cancel scope are set per sample).
+    run_config: handlers for the agent loop (evaluate() gives each sample its own cancel scope
+        and, unless run_config already has them, the model/tool limiters below).
     max_turns: bound on model turns per sample (default: run_config.max_turns if given, else 10).
     max_samples: evaluate only the first N rows.
     max_concurrent: samples in flight at once.
