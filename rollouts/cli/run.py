@@ -338,14 +338,21 @@ class _Runner:
             session_tags={"source": "cli"},
         )
 
-    async def ask(self, text: str) -> AgentState:
-        """Run one user message to the end of the agent's turn (or until Ctrl-C cancels it)."""
-        message = Message("user", text, timestamp=now_iso())
-        state = replace(self.state, stop=None, error=None, turn_idx=0).with_messages(message)
-        if self.json_out is not None:
-            self.json_out.record({"type": "user_message", "text": text})
-        if self.store is not None and state.session_id is not None:
-            await self.store.append_message(state.session_id, message)
+    @property
+    def has_pending_tools(self) -> bool:
+        return self.state.next_tool_idx < len(self.state.pending_tool_calls)
+
+    async def ask(self, text: str | None) -> AgentState:
+        """Run one user message to the end of the agent's turn (or until Ctrl-C cancels it).
+        With `text=None`, continue a resumed session's unfinished tool calls instead."""
+        state = replace(self.state, stop=None, error=None, turn_idx=0)
+        if text is not None:
+            message = Message("user", text, timestamp=now_iso())
+            state = state.with_messages(message)
+            if self.json_out is not None:
+                self.json_out.record({"type": "user_message", "text": text})
+            if self.store is not None and state.session_id is not None:
+                await self.store.append_message(state.session_id, message)
         scope = trio.CancelScope()
         if self.interrupts is not None:
             self.interrupts.turn_scope = scope
@@ -404,6 +411,12 @@ async def _one_shot(runner: _Runner, prompt: str) -> int:
         async with trio.open_nursery() as nursery:
             runner.interrupts = _Interrupts(runner.renderer, nursery.cancel_scope)
             nursery.start_soon(runner.interrupts.watch, signals)
+            if runner.has_pending_tools:
+                runner.renderer.status("continuing the session's unfinished tool calls")
+                final = await runner.ask(None)
+                if final.stop == StopReason.ABORTED:
+                    nursery.cancel_scope.cancel()
+                    return _exit_code(final)
             final = await runner.ask(prompt)
             nursery.cancel_scope.cancel()
     _session_note(runner)
@@ -423,6 +436,9 @@ async def _interactive(runner: _Runner, banner: str) -> int:
             interrupts = _Interrupts(runner.renderer, nursery.cancel_scope)
             runner.interrupts = interrupts
             nursery.start_soon(interrupts.watch, signals)
+            if runner.has_pending_tools:
+                runner.renderer.status("continuing the session's unfinished tool calls")
+                await runner.ask(None)
             for _ in range(_MAX_INTERACTIVE_TURNS):
                 if tty and not json_mode:
                     runner.renderer.finish_line()
