@@ -304,3 +304,13 @@ async def test_cancellation_during_slow_first_byte(transport: str) -> None:
         with trio.fail_after(10):
             await srv.wait_idle()
         assert srv.completed_streams == 0
+
+
+def test_assistant_content_is_null_only_beside_tool_calls() -> None:
+    from rollouts.providers._chat_format import chat_messages
+
+    thinking_only = Message("assistant", (ThinkingContent("hmm"),))
+    calls_only = Message("assistant", (ToolCallContent("c", "add", {"value": 1}),))
+    assert chat_messages((thinking_only,), compat=False) == [{"role": "assistant", "content": ""}]
+    assert chat_messages((calls_only,), compat=False)[0]["content"] is None
+    assert chat_messages((calls_only,), compat=True)[0]["content"] == ""

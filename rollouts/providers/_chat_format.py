@@ -112,7 +112,8 @@ def _assistant_message(message: Message, *, compat: bool) -> dict[str, Any]:
         elif isinstance(b, ThinkingContent):
             continue  # Chat Completions cannot take reasoning back
     text = "".join(text_parts)
-    out: dict[str, Any] = {"role": "assistant", "content": text if text or compat else None}
+    # null content only beside tool calls (OpenAI rejects an assistant message with neither)
+    out: dict[str, Any] = {"role": "assistant", "content": text if text or compat or not calls else None}
     if calls:
         out["tool_calls"] = calls
     return out

@@ -5,7 +5,7 @@ reply's thinking (the vLLM/DeepSeek convention), `content` deltas, `tool_calls` 
 delta of each call carries `index`, `id`, `type` and `function.name`, later ones only argument
 pieces; calls follow one another, or alternate with `interleave_tool_calls`), a finish chunk, a
 usage chunk with `choices: []` when the request set `stream_options.include_usage` (and the
-server's `send_usage` is on), then `data: [DONE]`. `GET .../models` lists the server's models.
+server's `send_usage` is on), then `data: [DONE]`. `GET .../models` lists one model, `fake-model`.
 """
 
 from __future__ import annotations
