@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 from dataclasses import replace
 from typing import Any
 
+import httpx2
 import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rollouts.agents import run_agent
 from rollouts.dtypes import (
@@ -218,3 +224,46 @@ def test_extraction_unit_cases() -> None:
     assert calls == []
     calls, rest = extract_text_tool_calls('Then: {"name": "add", "arguments": {"value": 1}} ok', names)
     assert [c.arguments for c in calls] == [{"value": 1}] and rest == "Then:  ok"
+
+
+# --------------------------------------------------------------------------------------------
+# The lean transport's SSE parser, whatever the network's chunk boundaries
+# --------------------------------------------------------------------------------------------
+
+_EVENTS = [{"n": i, "text": "a\nb" if i % 3 == 0 else "é" * i} for i in range(8)]
+
+
+def _sse_body(crlf: bool) -> bytes:
+    nl = "\r\n" if crlf else "\n"
+    parts = [f": keep-alive comment{nl}{nl}"]
+    for i, ev in enumerate(_EVENTS):
+        data = json.dumps(ev, ensure_ascii=False)
+        if i == 2:  # one event split over two data lines, with an event name and an id
+            half = data.index(", ") + 1  # between tokens: the lines are joined with a newline
+            parts.append(f"event: message{nl}id: {i}{nl}data: {data[:half]}{nl}data:{data[half:]}{nl}{nl}")
+        else:
+            parts.append(f"data: {data}{nl}{nl}")
+    parts.append(f"data: [DONE]{nl}{nl}")
+    parts.append(f'data: {{"after": "done"}}{nl}{nl}')  # ignored: after [DONE]
+    return "".join(parts).encode()
+
+
+async def _parse(body: bytes, cuts: list[int]) -> list[Any]:
+    from rollouts.providers.openai_http import iter_sse_json
+
+    bounds = sorted({c % (len(body) + 1) for c in cuts} | {0, len(body)})
+
+    async def chunks() -> Any:
+        for a, b in itertools.pairwise(bounds):
+            yield body[a:b]
+
+    response = httpx2.Response(200, content=chunks())
+    return [ev async for ev in iter_sse_json(response)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=40), crlf=st.booleans())
+def test_sse_parser_is_independent_of_chunk_boundaries(cuts: list[int], crlf: bool) -> None:
+    body = _sse_body(crlf)
+    joined = [json.loads(json.dumps(ev, ensure_ascii=False)) for ev in _EVENTS]
+    assert trio.run(_parse, body, cuts) == joined
