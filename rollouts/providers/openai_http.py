@@ -31,6 +31,7 @@ from rollouts.errors import ProviderError
 from rollouts.providers._clients import current_pool
 from rollouts.providers._retry import HTTPStatusFailure
 
+OPENAI_API_BASE = "https://api.openai.com/v1"
 MAX_CONNECTIONS = 1000
 SHARDS = 8
 _round_robin = itertools.count()
@@ -133,7 +134,7 @@ async def open_chat_stream(endpoint: Endpoint, body: dict[str, Any], api_key: st
 
     Raises `HTTPStatusFailure` for an error status (classified by the retry loop). Leaving the
     block (normally, by error or by cancellation) closes the response at once."""
-    url = endpoint.api_base.rstrip("/") + "/chat/completions"
+    url = (endpoint.api_base or OPENAI_API_BASE).rstrip("/") + "/chat/completions"
     headers = {"content-type": "application/json", "accept": "text/event-stream"}
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"

@@ -1,8 +1,10 @@
 """Testing helpers shipped with rollouts: a wire-faithful fake provider server.
 
-See `rollouts.testing.fake_server` for the full API.
+See `rollouts.testing.fake_server` for the full API. `ScriptedReply` / `ScriptedToolCall` (the
+turn specs) are re-exported here for convenience.
 """
 
+from rollouts.providers.scripted import ScriptedReply, ScriptedToolCall
 from rollouts.testing.fake_server import (
     FakeServer,
     FakeTurn,
@@ -11,4 +13,12 @@ from rollouts.testing.fake_server import (
     open_fake_server,
 )
 
-__all__ = ["FakeServer", "FakeTurn", "RecordedRequest", "http_error", "open_fake_server"]
+__all__ = [
+    "FakeServer",
+    "FakeTurn",
+    "RecordedRequest",
+    "ScriptedReply",
+    "ScriptedToolCall",
+    "http_error",
+    "open_fake_server",
+]
