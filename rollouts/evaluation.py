@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import trio.lowlevel
 
 from rollouts.agents import run_agent
 from rollouts.dtypes import Actor, AgentState, Message, StopReason, Trajectory, now_iso
@@ -441,6 +442,12 @@ async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
             return
         finally:
             slots.release_on_behalf_of(token)
+        record(sid, sample)
+
+    @trio.lowlevel.enable_ki_protection
+    def record(sid: str, sample: Sample) -> None:
+        # Protected from Ctrl-C (deferred to the next checkpoint): a sample is in the results
+        # and on disk, or neither; a line is never torn by KeyboardInterrupt.
         results[sid] = sample
         if log is not None:
             log.write(sample)
@@ -486,6 +493,31 @@ async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
             reused += 1
             progress.update(done, reused=True)
 
+    @trio.lowlevel.enable_ki_protection
+    def finish(status: ReportStatus, error: str | None) -> EvalReport:
+        # Synchronous (no checkpoint, so cancellation cannot interrupt it) and protected from a
+        # second Ctrl-C: report.json is always written, atomically.
+        progress.close()
+        if log is not None:
+            log.close()
+        samples = tuple(results[sid] for sid in order if sid in results)
+        report = EvalReport(
+            eval_name=config.eval_name,
+            samples=samples,
+            summary=summarize(samples),
+            config=config.to_dict(),
+            status=status,
+            started_at=started_at,
+            finished_at=now_iso(),
+            duration_s=round(time.perf_counter() - t0, 6),
+            reused=reused,
+            error=error,
+            output_dir=str(out) if out is not None else None,
+        )
+        if out is not None:
+            write_json_atomic(out / REPORT_FILE, report.to_dict())
+        return report
+
     status: ReportStatus = "failed"
     error: str | None = None
     try:
@@ -506,24 +538,5 @@ async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
             error = _error_text("evaluate", e)
         raise
     finally:
-        # Synchronous on purpose: no checkpoint here, so cancellation cannot interrupt it.
-        progress.close()
-        if log is not None:
-            log.close()
-        samples = tuple(results[sid] for sid in order if sid in results)
-        report = EvalReport(
-            eval_name=config.eval_name,
-            samples=samples,
-            summary=summarize(samples),
-            config=config.to_dict(),
-            status=status,
-            started_at=started_at,
-            finished_at=now_iso(),
-            duration_s=round(time.perf_counter() - t0, 6),
-            reused=reused,
-            error=error,
-            output_dir=str(out) if out is not None else None,
-        )
-        if out is not None:
-            write_json_atomic(out / REPORT_FILE, report.to_dict())
+        report = finish(status, error)
     return report

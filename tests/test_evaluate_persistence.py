@@ -330,6 +330,7 @@ def test_ctrl_c_keeps_finished_samples_and_writes_the_report(tmp_path: Path) -> 
     import signal
     import subprocess
     import sys
+    import time
 
     proc = subprocess.Popen(
         [sys.executable, "-c", _CTRL_C_SCRIPT, str(tmp_path)],
@@ -340,6 +341,11 @@ def test_ctrl_c_keeps_finished_samples_and_writes_the_report(tmp_path: Path) -> 
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
+        samples = tmp_path / "samples.jsonl"
+        for _ in range(1000):  # on_sample_end runs just before the sample is written
+            if samples.exists() and samples.read_text().count("\n") == 5:
+                break
+            time.sleep(0.01)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:
