@@ -134,15 +134,24 @@ async def test_parallel_tool_calls_stream_incrementally(transport: str, interlea
     assert len(deltas_a) > 2 and "".join(d.delta for d in deltas_a) == '{"value": 12.5}'
     assert deltas_a[-1].partial_args == {"value": 12.5}
     assert any(d.partial_args == {} for d in deltas_a)  # partial parses arrive before the end
-    ends = rec.of(ToolCallEnd)
-    assert [e.tool_call for e in ends] == [
+    expected = [
         ToolCall("call_a", "add", {"value": 12.5}, '{"value": 12.5}'),
         ToolCall("call_b", "multiply", {"value": 3}, '{"value": 3}'),
         ToolCall("call_c", "add", {}, "{}"),
     ]
+    last_end = {e.content_index: e.tool_call for e in rec.of(ToolCallEnd)}
+    assert [last_end[i] for i in (1, 2, 3)] == expected
+    if not interleave:  # each call ends before the next starts: the shared event grammar
+        tool_events = [e for e in rec.events if isinstance(e, ToolCallStart | ToolCallEnd)]
+        assert [(type(e).__name__, e.content_index) for e in tool_events] == [
+            ("ToolCallStart", 1), ("ToolCallEnd", 1), ("ToolCallStart", 2), ("ToolCallEnd", 2),
+            ("ToolCallStart", 3), ("ToolCallEnd", 3),
+        ]  # fmt: skip
+        assert [e.tool_call for e in rec.of(ToolCallEnd)] == expected
+        assert rec.events.index(rec.of(TextEnd)[0]) < rec.events.index(starts[0])
     msg = actor.trajectory.messages[-1]
     assert msg.text == "Computing."
-    assert [tc.name for tc in msg.get_tool_calls()] == ["add", "multiply", "add"]
+    assert list(msg.get_tool_calls()) == expected
     assert rec.of(StreamDone)[0].finish_reason == "tool_use"
     tools = srv.last_request.json["tools"]
     assert [t["function"]["name"] for t in tools] == ["add", "multiply"]
@@ -314,3 +323,27 @@ def test_assistant_content_is_null_only_beside_tool_calls() -> None:
     assert chat_messages((thinking_only,), compat=False) == [{"role": "assistant", "content": ""}]
     assert chat_messages((calls_only,), compat=False)[0]["content"] is None
     assert chat_messages((calls_only,), compat=True)[0]["content"] == ""
+
+
+@TRANSPORTS
+async def test_same_event_sequence_as_the_scripted_reference_provider(transport: str) -> None:
+    from rollouts.providers.scripted import ScriptedModel
+
+    reply = ScriptedReply(
+        "Let me compute that for you.",
+        tool_calls=(
+            ScriptedToolCall("add", {"value": 2}, id="t1"),
+            ScriptedToolCall("multiply", '{"value": 3,', id="t2"),
+            ScriptedToolCall("add", {"value": 4}, id="t3"),
+        ),
+        usage=Usage(input_tokens=11, output_tokens=7),
+    )
+    model = ScriptedModel([reply], chunk_size=5)
+    reference = Recorder()
+    fn = get_provider_function("scripted", model.name)
+    ref_actor = Actor(Trajectory((Message("user", "q"),)), model.endpoint, tools=(ADD, MUL))
+    await fn(ref_actor, reference)
+    async with open_fake_server([reply], chunk_size=5) as srv:
+        _, rec = await _call(replace(_actor(srv.base_url, transport), tools=(ADD, MUL)))
+    assert rec.events[1:] == reference.events[1:]
+    assert len(rec.events) > 20

@@ -220,22 +220,25 @@ def usage_from_chat(raw: Any) -> Usage:
 
 
 class _Call:
-    __slots__ = ("content_index", "id", "name", "parts")
+    __slots__ = ("content_index", "ended", "id", "name", "parts")
 
     def __init__(self, content_index: int, call_id: str, name: str) -> None:
         self.content_index = content_index
         self.id = call_id
         self.name = name
         self.parts: list[str] = []
+        self.ended = False
 
 
 class ChatStreamTranslator:
     """Feed Chat Completions chunks in order; `finish()` closes open blocks and emits StreamDone.
 
-    Blocks get content indices in the order they open. Text and thinking blocks close when a
-    different block starts; tool calls (possibly several, possibly interleaved by `index`) end
-    together when the model finishes, each with `ToolCallEnd` or, when its arguments are not a
-    JSON object, `ToolCallError`. With `text_tool_names`, text from the first `{`, backtick or
+    Blocks get content indices in the order they open, and every block (text, thinking, tool
+    call) ends when the next one starts or the model finishes, so the events follow the shared
+    grammar. A tool call ends with `ToolCallEnd` or, when its arguments are not a JSON object,
+    `ToolCallError`. Servers that interleave the deltas of parallel calls (by `index`) are still
+    read correctly: a call that receives arguments after it ended is ended again, with its full
+    arguments, when the model finishes (the aggregator keeps the last end of a block). With `text_tool_names`, text from the first `{`, backtick or
     `<` on is held back until the end and turned into tool calls if it holds calls to those tools
     (see `_text_tool_calls`); otherwise it is emitted as text unchanged.
     """
@@ -249,6 +252,8 @@ class ChatStreamTranslator:
         "_emit",
         "_held",
         "_next_index",
+        "_open_call",
+        "_reopened",
         "_text_tool_names",
         "finish_reason",
         "got_output",
@@ -262,6 +267,8 @@ class ChatStreamTranslator:
         self._block_index = -1
         self._block_parts: list[str] = []
         self._calls: dict[int, _Call] = {}
+        self._open_call: _Call | None = None
+        self._reopened: list[_Call] = []
         self._by_id: dict[str, int] = {}
         self._held: list[str] | None = None
         self._text_tool_names = text_tool_names or None
@@ -316,6 +323,7 @@ class ChatStreamTranslator:
         self.got_output = True
         if self._block_kind != kind:
             await self._close_block()
+            await self._close_open_call()
             self._block_kind = kind
             self._block_index = self._next_index
             self._next_index += 1
@@ -343,10 +351,19 @@ class ChatStreamTranslator:
 
     async def _start_call(self, call_id: str, name: str) -> _Call:
         await self._close_block()
+        await self._close_open_call()
         call = _Call(self._next_index, call_id, name)
         self._next_index += 1
+        self._open_call = call
         await self._emit(ToolCallStart(call.content_index, call_id, name))
         return call
+
+    async def _close_open_call(self) -> None:
+        call = self._open_call
+        if call is not None:
+            self._open_call = None
+            call.ended = True
+            await self._end_call(call)
 
     async def _tool_delta(self, tc: Any) -> None:
         self.got_output = True
@@ -366,6 +383,8 @@ class ChatStreamTranslator:
             self._by_id[call.id] = index
         args = _get(fn, "arguments") if fn is not None else None
         if args:
+            if call.ended and call not in self._reopened:
+                self._reopened.append(call)  # an interleaving server
             if not isinstance(args, str):
                 args = json.dumps(args)
             call.parts.append(args)
@@ -404,10 +423,8 @@ class ChatStreamTranslator:
             await self._block_delta("text", rest)
         for tc in found:
             call = await self._start_call(f"call_{uuid.uuid4().hex[:24]}", tc.name)
+            call.parts.append(tc.raw_arguments)
             await self._emit(ToolCallDelta(call.content_index, call.id, tc.raw_arguments, tc.arguments))
-            await self._emit(
-                ToolCallEnd(call.content_index, ToolCall(call.id, tc.name, tc.arguments, tc.raw_arguments))
-            )
         return True
 
     async def finish(self, *, require_finish_reason: bool = True) -> tuple[str | None, Usage]:
@@ -417,7 +434,8 @@ class ChatStreamTranslator:
             raise IncompleteStreamError("the stream ended before the model finished (no finish_reason)")
         text_calls = await self._release_held()
         await self._close_block()
-        for call in self._calls.values():
+        await self._close_open_call()
+        for call in self._reopened:
             await self._end_call(call)
         raw = self.finish_reason
         reason = "tool_use" if text_calls else _FINISH.get(raw, raw) if raw else None
