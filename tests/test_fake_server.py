@@ -155,3 +155,11 @@ async def test_script_exhausted_is_reported() -> None:
     async with open_fake_server([]) as srv, httpx2.AsyncClient() as client:
         r = await client.post(f"{srv.base_url}/chat/completions", json={"model": "m"})
     assert r.status_code == 418 and srv.errors
+
+
+async def test_end_after_ends_the_body_cleanly_before_the_stream_finished() -> None:
+    async with open_fake_server([FakeTurn("abcdefghijkl", end_after=3)]) as srv, httpx2.AsyncClient() as client:
+        r = await client.post(f"{srv.base_url}/chat/completions", json={"model": "m", "stream": True})
+    datas = _data_lines(r.text)
+    assert r.status_code == 200 and len(datas) == 3 and "[DONE]" not in datas
+    assert all(json.loads(d)["choices"][0]["finish_reason"] is None for d in datas)

@@ -125,7 +125,7 @@ async def test_client_errors_are_not_retried(transport: str, turn: FakeTurn, err
 
 
 @TRANSPORTS
-@pytest.mark.parametrize("fault", [{"drop_after": 5}, {"truncate_after": 5}])
+@pytest.mark.parametrize("fault", [{"drop_after": 5}, {"truncate_after": 5}, {"end_after": 5}])
 async def test_mid_stream_break_is_retried_without_duplicated_text(transport: str, fault: dict[str, int]) -> None:
     text = "The quick brown fox jumps over the lazy dog."
     async with open_fake_server([FakeTurn(text, **fault), text], chunk_size=4) as srv:  # type: ignore[arg-type]

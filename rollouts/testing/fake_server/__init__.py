@@ -29,6 +29,7 @@ concurrent or request-dependent replies. A turn is a `str` (text reply), a
   with the provider's error body and a `retry-after` header;
 * `FakeTurn(reply, drop_after=N)`: connection closed after N stream events;
 * `FakeTurn(reply, truncate_after=N)`: N events, half of the next one, then closed;
+* `FakeTurn(reply, end_after=N)`: N events, then the body ends cleanly (no finish, no `[DONE]`);
 * `FakeTurn(close_without_response=True)`: the connection closes before any response;
 * `FakeTurn(reply, first_byte_delay=s, event_delay=s)`: slow first byte / slow tokens.
 

@@ -63,6 +63,8 @@ class FakeTurn:
       (`error_message`, `error_code`), plus `retry-after: <retry_after>` when set.
     * `drop_after=N`: send N stream events, then close the connection without ending the body.
     * `truncate_after=N`: send N events, then the first half of event N+1, then close.
+    * `end_after=N`: send N events, then end the body cleanly (HTTP-wise complete, but the
+      provider's stream never finished: no finish reason, no `[DONE]`).
     * `close_without_response`: read the request and close the connection (a connection error).
     * `first_byte_delay`: seconds before the response headers; `event_delay`: seconds between
       stream events.
@@ -76,6 +78,7 @@ class FakeTurn:
     error_code: str | None = None
     drop_after: int | None = None
     truncate_after: int | None = None
+    end_after: int | None = None
     close_without_response: bool = False
     first_byte_delay: float = 0.0
     event_delay: float = 0.0
@@ -84,7 +87,8 @@ class FakeTurn:
     def __post_init__(self) -> None:
         assert self.status == 200 or self.reply is None, "an error turn carries no reply"
         assert self.status != 200 or self.reply is not None or self.close_without_response, "a 200 turn needs a reply"
-        assert self.drop_after is None or self.truncate_after is None, "choose drop_after or truncate_after"
+        cuts = [c for c in (self.drop_after, self.truncate_after, self.end_after) if c is not None]
+        assert len(cuts) <= 1, "choose one of drop_after, truncate_after, end_after"
 
     @property
     def scripted_reply(self) -> ScriptedReply:
@@ -419,6 +423,8 @@ class FakeServer:
         headers += list(turn.headers.items())
         await self._send(conn, stream, h11.Response(status_code=200, headers=headers))
         cut = turn.drop_after if turn.drop_after is not None else turn.truncate_after
+        if turn.end_after is not None:
+            events = events[: turn.end_after]
         for n, ev in enumerate(events):
             if cut is not None and n == cut:
                 if turn.truncate_after is not None:
