@@ -182,6 +182,32 @@ async def per_event_http(url: str, repeats: int) -> dict[str, float]:
     return {"ours_us": best["ours"] * 1e6}
 
 
+async def layer_only(n: int, repeats: int) -> float:
+    """Microseconds per delta of our chunk translation + aggregation alone (pre-parsed chunks,
+    no network): the floor of what our layer adds to any transport."""
+    from rollouts.providers._aggregate import MessageBuilder
+    from rollouts.providers._chat_format import ChatStreamTranslator
+
+    chunks = [{"choices": [{"index": 0, "delta": {"content": "abcd"}, "finish_reason": None}]} for _ in range(n)]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    best = float("inf")
+    for _ in range(repeats + 1):
+        builder = MessageBuilder("bench", "m")
+
+        async def emit(event: Any, builder: MessageBuilder = builder) -> None:
+            builder.feed(event)
+            await ignore_chunk(event)
+
+        c0 = time.process_time()
+        translator = ChatStreamTranslator(emit)
+        for chunk in chunks:
+            await translator.feed(chunk)
+        await translator.finish()
+        builder.finish()
+        best = min(best, (time.process_time() - c0) / n)
+    return best * 1e6
+
+
 async def _fan_out(n: int, one: Callable[[], Awaitable[Any]]) -> float:
     t0 = time.perf_counter()
     async with trio.open_nursery() as nursery:
@@ -209,6 +235,9 @@ async def concurrent(entry: ProviderEntry, url: str, n: int, rounds: int) -> dic
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {}
     ratios: dict[str, float] = {}
+    floor = await layer_only(args.deltas, args.repeats)
+    print(f"{'our layer alone':>20}: {floor:7.1f} us/event (translation + aggregation, no I/O)", flush=True)
+    result["us_per_event_layer_only"] = round(floor, 2)
     with ServerProcess("--deltas", str(args.deltas), "--chunk-size", "4") as srv:
         for entry in PROVIDERS:
             r = await per_event(entry, srv.url, args.repeats)
