@@ -723,3 +723,18 @@ async def test_context_too_long_is_a_scored_result_not_a_failure() -> None:
     assert long.status == "completed" and long.stop_reason == "context_too_long" and long.reward == 0.0
     assert long.metadata["attempts"] == 1
     assert short.reward == 1.0
+
+
+async def test_progress_bar_in_evaluate_only_on_a_tty(monkeypatch: pytest.MonkeyPatch) -> None:
+    pipe = io.StringIO()
+    monkeypatch.setattr("sys.stderr", pipe)
+    await evaluate([{"q": i} for i in range(3)], _config(_echo_model(), show_progress=True))
+    assert pipe.getvalue() == ""
+
+    tty = _Tty()
+    monkeypatch.setattr("sys.stderr", tty)
+    await evaluate([{"q": i} for i in range(3)], _config(_echo_model(), show_progress=True, eval_name="demo"))
+    out = tty.getvalue()
+    assert out.startswith("\r") and out.endswith("\n")
+    final = out.rstrip("\n").split("\r")[-1]
+    assert final.startswith("demo") and "3/3" in final and "100%" in final and "reward 1.000" in final
