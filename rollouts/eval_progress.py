@@ -2,8 +2,9 @@
 
     [####------]  412/1000  41%  83.1/s  err 2  reward 0.731  ETA 7s
 
-Redrawn at most every `min_interval_s` seconds (and once at the end), so it costs nothing
-measurable per sample. When the stream is not a TTY (CI logs, pipes) it draws nothing.
+Redrawn at most every `min_interval_s` seconds as samples finish, once a second by evaluate()'s
+timer while none does, and once at the end; it costs nothing measurable per sample. When the
+stream is not a TTY (CI logs, pipes) it draws nothing.
 """
 
 from __future__ import annotations
@@ -73,6 +74,13 @@ class ProgressBar:
             if now - self._last_draw >= self.min_interval_s:
                 self._last_draw = now
                 self._draw(now)
+
+    def redraw(self) -> None:
+        """Draw the line now (if enabled), e.g. from a timer while no sample finishes."""
+        if self.enabled:
+            now = time.monotonic()
+            self._last_draw = now
+            self._draw(now)
 
     def line(self, now: float | None = None) -> str:
         """The current progress line (without carriage return)."""

@@ -389,6 +389,13 @@ def _same_input(recorded: Mapping[str, Any], row: Row) -> bool:
         return False
 
 
+async def _redraw_every_second(progress: ProgressBar) -> None:
+    """Keep the progress line live (rate, ETA) while no sample finishes."""
+    while True:
+        await trio.sleep(1.0)
+        progress.redraw()
+
+
 def _is_cancellation(e: BaseException) -> bool:
     if isinstance(e, BaseExceptionGroup):
         return all(_is_cancellation(x) for x in e.exceptions)
@@ -521,13 +528,16 @@ async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
     status: ReportStatus = "failed"
     error: str | None = None
     try:
-        async with client_scope():
+        async with client_scope(), trio.open_nursery() as outer:
+            if progress.enabled:
+                outer.start_soon(_redraw_every_second, progress)
             async with trio.open_nursery() as nursery:
                 try:
                     await feed(nursery)
                 except Exception as e:  # the dataset itself is broken: stop everything
                     fatal.append(e)
                     nursery.cancel_scope.cancel()
+            outer.cancel_scope.cancel()
         if fatal:
             raise fatal[0]
         status = "completed"

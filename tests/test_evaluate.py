@@ -738,3 +738,19 @@ async def test_progress_bar_in_evaluate_only_on_a_tty(monkeypatch: pytest.Monkey
     assert out.startswith("\r") and out.endswith("\n")
     final = out.rstrip("\n").split("\r")[-1]
     assert final.startswith("demo") and "3/3" in final and "100%" in final and "reward 1.000" in final
+
+
+async def test_progress_line_stays_live_while_no_sample_finishes(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: Any
+) -> None:
+    async def slow(req: ScriptedRequest) -> str:
+        await trio.sleep(5)  # virtual time: the autojump clock skips ahead
+        return f"answer {req.last_user_text}"
+
+    tty = _Tty()
+    monkeypatch.setattr("sys.stderr", tty)
+    await evaluate([{"q": 1}], _config(ScriptedModel(slow), show_progress=True))
+    draws = tty.getvalue().split("\r")[1:]
+    waiting = [d for d in draws if "0/1" in d]
+    assert len(waiting) >= 4, draws
+    assert "1/1" in draws[-1]
