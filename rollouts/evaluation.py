@@ -180,7 +180,8 @@ async def evaluate_sample(
 
     Never raises for a problem of this sample (the returned Sample has status "failed" or
     "provider_error" and `error` set); raises only `trio.Cancelled` (and other cancellation),
-    and `AuthenticationError`. `environment` overrides `config.environment_factory`.
+    and `AuthenticationError` (from the agent or the score function, e.g. an LLM judge).
+    `environment` overrides `config.environment_factory`.
 
     A run that stops for any reason of the agent's own (no tool called, max turns, context too
     long, a tool error handler) is "completed" and scored: that is the model's result."""
@@ -284,6 +285,8 @@ async def evaluate_sample(
                 score = await _maybe_await(config.score_fn(sample))
                 if not isinstance(score, Score):
                     raise TypeError(f"score_fn must return a Score, got {type(score).__name__}")
+            except AuthenticationError:
+                raise  # e.g. an LLM judge's key is wrong: every sample would fail the same way
             except Exception as e:
                 return await _finish(
                     config,

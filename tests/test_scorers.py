@@ -187,3 +187,18 @@ async def test_judge_limiter_bounds_concurrent_judge_calls() -> None:
     report = await evaluate([{"i": i} for i in range(10)], config)
     assert peak == 2 and judge.calls == 10
     assert report.summary["reward"]["mean"] == 1.0
+
+
+async def test_a_judge_with_a_bad_key_stops_the_eval() -> None:
+    from rollouts.errors import AuthenticationError
+
+    model = ScriptedModel(lambda req: "x")
+    judge = ScriptedModel(lambda req: AuthenticationError("invalid key", provider="scripted", status_code=401))
+    config = EvalConfig(
+        endpoint=model.endpoint,
+        prepare_messages=lambda row: [Message("user", "q")],
+        score_fn=llm_judge(judge.endpoint, rubric="r"),
+        show_progress=False,
+    )
+    with pytest.raises(AuthenticationError):
+        await evaluate([{"i": i} for i in range(3)], config)
