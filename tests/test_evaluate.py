@@ -754,3 +754,12 @@ async def test_progress_line_stays_live_while_no_sample_finishes(
     waiting = [d for d in draws if "0/1" in d]
     assert len(waiting) >= 4, draws
     assert "1/1" in draws[-1]
+
+
+async def test_empty_dataset_and_zero_max_samples(tmp_path: Any) -> None:
+    model = _echo_model()
+    for rows, kw in (([], {}), ([{"q": 1}], {"max_samples": 0})):
+        report = await evaluate(rows, _config(model, output_dir=tmp_path, **kw))
+        assert report.samples == () and report.status == "completed"
+        assert report.summary["counts"]["total"] == 0
+    assert model.calls == 0
