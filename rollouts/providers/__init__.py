@@ -26,6 +26,9 @@ _BUILTIN: dict[str, str] = {
     "vllm": "rollouts.providers.openai_chat:stream_openai_compatible",
     "sglang": "rollouts.providers.openai_chat:stream_openai_compatible",
     "llamacpp": "rollouts.providers.openai_chat:stream_openai_compatible",
+    "anthropic": "rollouts.providers.anthropic:stream_anthropic",
+    "openai-responses": "rollouts.providers.openai_responses:stream_openai_responses",
+    "google": "rollouts.providers.google:stream_google",
 }
 _REGISTERED: dict[str, ProviderFn | ProviderResolver] = {}
 _RESOLVERS: set[str] = set()

@@ -15,9 +15,9 @@ if TYPE_CHECKING:
 
 FORMATS: tuple[str, ...] = (
     "rollouts.testing.fake_server.chat:ChatCompletionsFormat",
-    "rollouts.testing.fake_server.anthropic:AnthropicFormat",
-    "rollouts.testing.fake_server.responses:ResponsesFormat",
-    "rollouts.testing.fake_server.gemini:GeminiFormat",
+    "rollouts.testing.fake_server.anthropic_format:AnthropicFormat",
+    "rollouts.testing.fake_server.responses_format:ResponsesFormat",
+    "rollouts.testing.fake_server.gemini_format:GeminiFormat",
 )
 
 
