@@ -177,7 +177,7 @@ class ResponsesFormat:
                     output_index=index,
                     item={**item, "status": "in_progress", "content": []},
                 )
-                part = {"type": "output_text", "text": "", "annotations": []}
+                part: dict[str, Any] = {"type": "output_text", "text": "", "annotations": []}
                 ev("response.content_part.added", item_id=item_id, output_index=index, content_index=0, part=part)
                 for p in split_text(text, size):
                     ev(
