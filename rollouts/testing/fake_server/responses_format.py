@@ -140,7 +140,7 @@ class ResponsesFormat:
             if kind == "reasoning":
                 ev("response.output_item.added", output_index=index, item={**item, "summary": []})
                 text = item["summary"][0]["text"]
-                part = {"type": "summary_text", "text": ""}
+                part: dict[str, Any] = {"type": "summary_text", "text": ""}
                 ev(
                     "response.reasoning_summary_part.added",
                     item_id=item_id,
@@ -177,7 +177,7 @@ class ResponsesFormat:
                     output_index=index,
                     item={**item, "status": "in_progress", "content": []},
                 )
-                part: dict[str, Any] = {"type": "output_text", "text": "", "annotations": []}
+                part = {"type": "output_text", "text": "", "annotations": []}
                 ev("response.content_part.added", item_id=item_id, output_index=index, content_index=0, part=part)
                 for p in split_text(text, size):
                     ev(
