@@ -78,3 +78,19 @@ async def test_rejected_key_is_one_line_and_not_echoed(tmp_path: Path) -> None:
     assert len(lines) == 1, err
     assert lines[0].startswith("rollouts: error:")
     assert TEAM_KEY not in out + err
+
+
+async def test_anthropic_provider_with_thinking_through_the_cli(tmp_path: Path) -> None:
+    env = cli_env(tmp_path, **FAKE_KEYS)
+    reply = ScriptedReply("Four.", thinking="2 and 2 make 4")
+    async with open_fake_server([reply]) as srv:
+        code, out, err = await _run(
+            tmp_path, "run", "-m", "claude-sonnet-4-5", "--api-base", srv.url, "-p", "2+2?", "--no-session", env=env
+        )
+        headers = srv.last_request.headers
+    assert code == 0, err
+    assert out == "Four.\n"
+    assert "thinking: 2 and 2 make 4" in err
+    key = FAKE_KEYS["ANTHROPIC_API_KEY"]
+    assert headers.get("x-api-key") == key or headers.get("authorization") == f"Bearer {key}"
+    assert FAKE_KEYS["ANTHROPIC_API_KEY"] not in out + err
