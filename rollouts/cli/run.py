@@ -517,7 +517,14 @@ def main(args: argparse.Namespace) -> int:
         raise CLIError(f"--cwd {args.cwd}: no such directory")
     config = get_config()
     system_prompt = read_system_prompt(args, config)
-    store = None if args.no_session else open_session_store(sessions_dir(args, config))
+    store = None
+    if not args.no_session:
+        try:
+            store = open_session_store(sessions_dir(args, config))
+        except CLIError:
+            if args.session:
+                raise
+            print("rollouts: warning: this run is not recorded (no session store installed)", file=sys.stderr)
     return trio.run(_main_async, args, config, store, system_prompt)
 
 
