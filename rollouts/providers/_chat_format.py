@@ -42,6 +42,7 @@ from rollouts.events import (
 from rollouts.partial_json import parse_partial_json
 from rollouts.providers._retry import IncompleteStreamError
 from rollouts.providers._text_tool_calls import extract_text_tool_calls
+from rollouts.providers._transform import chat_target, transform_history
 
 # o-series and gpt-5 reasoning models: max_completion_tokens, reasoning_effort, no temperature.
 _REASONING_MODEL = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-5)(?:$|[-.\w])")
@@ -152,7 +153,7 @@ def build_chat_request(actor: Actor, *, compat: bool) -> dict[str, Any]:
     reasoning = not compat and is_reasoning_model(ep.model)
     body: dict[str, Any] = {
         "model": ep.model,
-        "messages": chat_messages(actor.trajectory.messages, compat=compat),
+        "messages": chat_messages(transform_history(actor.trajectory.messages, chat_target(ep.provider)), compat=compat),
         "stream": True,
         "stream_options": {"include_usage": True},
     }

@@ -170,3 +170,14 @@ def transform_history(messages: tuple[Message, ...], target: Target) -> tuple[Me
             out.append(m)
     close_turn()
     return tuple(out) if changed else messages
+
+
+def chat_target(provider: str) -> Target:
+    """The Chat Completions target for `provider` (`openai`, `openai-compatible`, `vllm`...):
+    ids of at most 40 characters (OpenAI's limit); thinking the same provider made stays thinking
+    (the chat request builder leaves it out), foreign thinking becomes text."""
+
+    def native(block: ThinkingContent, message: Message) -> bool:
+        return thinking_origin(block, message) == provider
+
+    return Target(provider, native_thinking=native, max_id_len=40)
