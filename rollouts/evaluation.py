@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import logging
 import math
 import random
 import time
@@ -70,6 +71,8 @@ from rollouts.events import StreamEvent
 from rollouts.providers._clients import client_scope
 from rollouts.run_config import RunConfig
 from rollouts.scoring import Sample, Score
+
+_log = logging.getLogger("rollouts.evaluation")
 
 __all__ = [
     "Dataset",
@@ -229,72 +232,100 @@ async def evaluate_sample(
     if setup_scope is not None and setup_scope.cancelled_caught:
         return await _finish(config, failed(timeout_text, sample))
 
-    # 2. the agent, continued after provider errors
-    rc = _sample_run_config(config, sample_id)
-    state = AgentState(
-        actor=Actor(Trajectory(tuple(messages)), config.endpoint, tuple(env.get_tools()) if env is not None else ()),
-        environment=env,
-    )
-    attempts = 0
-    states: list[AgentState] = [state]
+    owned_env = env if environment is None else None  # made by the factory: ours to close
+    states: list[AgentState] = []
     try:
-        for retry in range(config.provider_error_retries + 1):
-            attempts += 1
-            run_scope = _time_limit(deadline)
-            run_states = await run_agent(state, rc if run_scope is None else replace(rc, cancel_scope=run_scope))
-            states = states[:-1] + run_states if retry else run_states
-            last = states[-1]
-            if last.stop != StopReason.PROVIDER_ERROR or retry == config.provider_error_retries:
-                break
-            with trio.move_on_at(deadline):
-                await trio.sleep(_backoff_delay(config, retry))
-            if trio.current_time() >= deadline:
-                break
-            state = replace(last, stop=None, error=None)
-    except AuthenticationError:
-        raise
-    except _EventCallbackError as e:
-        return await _finish(
-            config,
-            failed(_error_text("on_sample_event", e.error), sample, attempts, states, traceback=traceback.format_exc()),
+        # 2. the agent, continued after provider errors
+        rc = _sample_run_config(config, sample_id)
+        state = AgentState(
+            actor=Actor(
+                Trajectory(tuple(messages)), config.endpoint, tuple(env.get_tools()) if env is not None else ()
+            ),
+            environment=env,
         )
-    except Exception as e:
-        return await _finish(
-            config, failed(_error_text("agent", e), sample, attempts, states, traceback=traceback.format_exc())
+        attempts = 0
+        states = [state]
+        try:
+            for retry in range(config.provider_error_retries + 1):
+                attempts += 1
+                run_scope = _time_limit(deadline)
+                run_states = await run_agent(state, rc if run_scope is None else replace(rc, cancel_scope=run_scope))
+                states = states[:-1] + run_states if retry else run_states
+                last = states[-1]
+                if last.stop != StopReason.PROVIDER_ERROR or retry == config.provider_error_retries:
+                    break
+                with trio.move_on_at(deadline):
+                    await trio.sleep(_backoff_delay(config, retry))
+                if trio.current_time() >= deadline:
+                    break
+                state = replace(last, stop=None, error=None)
+        except AuthenticationError:
+            raise
+        except _EventCallbackError as e:
+            return await _finish(
+                config,
+                failed(
+                    _error_text("on_sample_event", e.error), sample, attempts, states, traceback=traceback.format_exc()
+                ),
+            )
+        except Exception as e:
+            return await _finish(
+                config, failed(_error_text("agent", e), sample, attempts, states, traceback=traceback.format_exc())
+            )
+        last = states[-1]
+        sample = Sample(
+            id=sample_id,
+            input=row,
+            trajectory=last.actor.trajectory,
+            stop_reason=last.stop.value if last.stop is not None else None,
         )
-    last = states[-1]
-    sample = Sample(
-        id=sample_id,
-        input=row,
-        trajectory=last.actor.trajectory,
-        stop_reason=last.stop.value if last.stop is not None else None,
-    )
-    if last.stop == StopReason.ABORTED or (trio.current_time() >= deadline and last.stop == StopReason.PROVIDER_ERROR):
-        return await _finish(config, failed(timeout_text, sample, attempts, states))
-    if last.stop == StopReason.PROVIDER_ERROR:
-        meta = _base_metadata(started, attempts, states)
-        return await _finish(config, replace(sample, status="provider_error", error=last.error, metadata=meta))
+        if last.stop == StopReason.ABORTED or (
+            trio.current_time() >= deadline and last.stop == StopReason.PROVIDER_ERROR
+        ):
+            return await _finish(config, failed(timeout_text, sample, attempts, states))
+        if last.stop == StopReason.PROVIDER_ERROR:
+            meta = _base_metadata(started, attempts, states)
+            return await _finish(config, replace(sample, status="provider_error", error=last.error, metadata=meta))
 
-    # 3. scoring
-    sample = replace(sample, status="completed")
-    score: Score | None = None
-    if config.score_fn is not None:
-        score_scope = _time_limit(deadline)
-        with score_scope or nullcontext():
-            try:
-                score = await _maybe_await(config.score_fn(sample))
-                if not isinstance(score, Score):
-                    raise TypeError(f"score_fn must return a Score, got {type(score).__name__}")
-            except AuthenticationError:
-                raise  # e.g. an LLM judge's key is wrong: every sample would fail the same way
-            except Exception as e:
-                return await _finish(
-                    config,
-                    failed(_error_text("score_fn", e), sample, attempts, states, traceback=traceback.format_exc()),
-                )
-        if score_scope is not None and score_scope.cancelled_caught:
-            return await _finish(config, failed(timeout_text + " while scoring", sample, attempts, states))
-    return await _finish(config, replace(sample, score=score, metadata=_base_metadata(started, attempts, states)))
+        # 3. scoring
+        sample = replace(sample, status="completed")
+        score: Score | None = None
+        if config.score_fn is not None:
+            score_scope = _time_limit(deadline)
+            with score_scope or nullcontext():
+                try:
+                    score = await _maybe_await(config.score_fn(sample))
+                    if not isinstance(score, Score):
+                        raise TypeError(f"score_fn must return a Score, got {type(score).__name__}")
+                except AuthenticationError:
+                    raise  # e.g. an LLM judge's key is wrong: every sample would fail the same way
+                except Exception as e:
+                    return await _finish(
+                        config,
+                        failed(_error_text("score_fn", e), sample, attempts, states, traceback=traceback.format_exc()),
+                    )
+            if score_scope is not None and score_scope.cancelled_caught:
+                return await _finish(config, failed(timeout_text + " while scoring", sample, attempts, states))
+        return await _finish(config, replace(sample, score=score, metadata=_base_metadata(started, attempts, states)))
+    finally:
+        if owned_env is not None:
+            # The loop clones the environment before each turn's tools: close the latest copy
+            # (clones share external resources such as a worktree, so one close releases them).
+            latest = states[-1].environment if states and states[-1].environment is not None else owned_env
+            await _close_environment(latest)
+
+
+async def _close_environment(env: Environment) -> None:
+    """Release what a factory-made environment holds (a worktree, a browser client): its
+    `aclose()` if it has one, shielded, with errors reported but not raised."""
+    close = getattr(env, "aclose", None)
+    if close is None:
+        return
+    with trio.CancelScope(shield=True):
+        try:
+            await close()
+        except Exception as e:
+            _log.warning("closing %s failed: %s: %s", type(env).__name__, type(e).__name__, e)
 
 
 def _time_limit(deadline: float) -> trio.CancelScope | None:

@@ -12,6 +12,9 @@ Contract:
   command) is a `ToolResult(is_error=True)`. An exception raised by a tool is also turned into
   an error result by the loop, but raising is for bugs, not for expected failures.
 * `trio.Cancelled` must never be swallowed; clean up in `finally` / shielded scopes.
+* Optional `async def aclose()` releases external resources (a worktree, a server).
+  `evaluate()` calls it on the environment its factory made once the sample is done. Clones
+  made by the loop share such resources, so closing one releases them for all.
 """
 
 from __future__ import annotations
@@ -96,6 +99,10 @@ class EnvironmentBase:
     @classmethod
     async def deserialize(cls, data: dict[str, Any]) -> Self:
         return cls()
+
+    async def aclose(self) -> None:
+        """Release external resources (none by default)."""
+        return None
 
 
 def environment_type_name(env: Environment | type) -> str:
