@@ -41,6 +41,7 @@ from rollouts.events import (
     ToolCallStart,
 )
 from rollouts.providers import get_provider_function
+from rollouts.providers._pricing import with_cost
 from rollouts.providers.openai_chat import uses_responses_api
 from rollouts.providers.scripted import ScriptedReply, ScriptedToolCall
 from rollouts.run_config import RunConfig
@@ -76,8 +77,10 @@ async def _call(actor: Actor) -> tuple[Actor, Recorder]:
 
 @TRANSPORTS
 async def test_text_reply_exact_events_message_usage_and_request(transport: str) -> None:
-    usage = Usage(input_tokens=30, output_tokens=4, cache_read_tokens=10, reasoning_tokens=1)
-    async with open_fake_server([ScriptedReply("Hello there!", usage=usage)], chunk_size=5) as srv:
+    reported = Usage(input_tokens=30, output_tokens=4, cache_read_tokens=10, reasoning_tokens=1)
+    usage = with_cost(reported, "gpt-4o-mini")  # priced from the shared table
+    assert usage.cost_usd > 0
+    async with open_fake_server([ScriptedReply("Hello there!", usage=reported)], chunk_size=5) as srv:
         actor, rec = await _call(_actor(srv.base_url, transport, temperature=0.2, max_tokens=77))
     assert rec.events == [
         LLMCallStart("openai", "gpt-4o-mini"),
@@ -345,5 +348,7 @@ async def test_same_event_sequence_as_the_scripted_reference_provider(transport:
     await fn(ref_actor, reference)
     async with open_fake_server([reply], chunk_size=5) as srv:
         _, rec = await _call(replace(_actor(srv.base_url, transport), tools=(ADD, MUL)))
-    assert rec.events[1:] == reference.events[1:]
+    ours = [replace(e, usage=replace(e.usage, cost_usd=0.0)) if isinstance(e, StreamDone) else e for e in rec.events]
+    assert isinstance(rec.events[-1], StreamDone) and rec.events[-1].usage.cost_usd > 0  # priced; scripted is not
+    assert ours[1:] == reference.events[1:]
     assert len(rec.events) > 20

@@ -40,6 +40,7 @@ from rollouts.events import (
     ToolCallStart,
 )
 from rollouts.partial_json import parse_partial_json
+from rollouts.providers._pricing import with_cost
 from rollouts.providers._retry import IncompleteStreamError
 from rollouts.providers._text_tool_calls import extract_text_tool_calls
 from rollouts.providers._transform import chat_target, transform_history
@@ -153,7 +154,9 @@ def build_chat_request(actor: Actor, *, compat: bool) -> dict[str, Any]:
     reasoning = not compat and is_reasoning_model(ep.model)
     body: dict[str, Any] = {
         "model": ep.model,
-        "messages": chat_messages(transform_history(actor.trajectory.messages, chat_target(ep.provider)), compat=compat),
+        "messages": chat_messages(
+            transform_history(actor.trajectory.messages, chat_target(ep.provider)), compat=compat
+        ),
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -239,9 +242,12 @@ class ChatStreamTranslator:
     grammar. A tool call ends with `ToolCallEnd` or, when its arguments are not a JSON object,
     `ToolCallError`. Servers that interleave the deltas of parallel calls (by `index`) are still
     read correctly: a call that receives arguments after it ended is ended again, with its full
-    arguments, when the model finishes (the aggregator keeps the last end of a block). With `text_tool_names`, text from the first `{`, backtick or
-    `<` on is held back until the end and turned into tool calls if it holds calls to those tools
-    (see `_text_tool_calls`); otherwise it is emitted as text unchanged.
+    arguments, when the model finishes (the aggregator keeps the last end of a block).
+
+    With `text_tool_names`, text from the first `{`, backtick or `<` on is held back until the
+    end and turned into tool calls if it holds calls to those tools (see `_text_tool_calls`);
+    otherwise it is emitted as text unchanged. With `model`, the usage's `cost_usd` comes from
+    the price table (`_pricing`).
     """
 
     __slots__ = (
@@ -252,6 +258,7 @@ class ChatStreamTranslator:
         "_calls",
         "_emit",
         "_held",
+        "_model",
         "_next_index",
         "_open_call",
         "_reopened",
@@ -261,8 +268,9 @@ class ChatStreamTranslator:
         "usage_raw",
     )
 
-    def __init__(self, emit: OnChunk, *, text_tool_names: frozenset[str] | None = None) -> None:
+    def __init__(self, emit: OnChunk, *, text_tool_names: frozenset[str] | None = None, model: str = "") -> None:
         self._emit = emit
+        self._model = model
         self._next_index = 0
         self._block_kind: str | None = None  # "text" | "thinking" while one is open
         self._block_index = -1
@@ -441,5 +449,7 @@ class ChatStreamTranslator:
         raw = self.finish_reason
         reason = "tool_use" if text_calls else _FINISH.get(raw, raw) if raw else None
         usage = usage_from_chat(self.usage_raw) if self.usage_raw is not None else Usage()
+        if self._model:
+            usage = with_cost(usage, self._model)
         await self._emit(StreamDone(reason, usage))
         return reason, usage

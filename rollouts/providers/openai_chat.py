@@ -180,7 +180,7 @@ async def _stream_chat(actor: Actor, on_chunk: OnChunk, *, compat: bool) -> Acto
         nonlocal first_chunk_at, usage_reported
         async with open_stream(ep, body, api_key) as chunks:
             await emit(StreamStart(attempt=n))
-            translator = ChatStreamTranslator(emit, text_tool_names=text_tools)
+            translator = ChatStreamTranslator(emit, text_tool_names=text_tools, model=ep.model)
             async for chunk in chunks:
                 if first_chunk_at is None:
                     first_chunk_at = time.perf_counter()
