@@ -138,7 +138,10 @@ async def test_calculator_agent_with_reasoning_summaries_sent_back_as_reasoning_
 
 
 async def test_openai_provider_routes_to_responses_and_its_reasoning_is_native() -> None:
-    script = [ScriptedReply(thinking="hmm", tool_calls=(ScriptedToolCall("add", {"value": 1}, id="c1"),)), "done"]
+    script: list[ScriptedReply | str] = [
+        ScriptedReply(thinking="hmm", tool_calls=(ScriptedToolCall("add", {"value": 1}, id="c1"),)),
+        "done",
+    ]
     async with open_fake_server(script) as srv:
         actor = _actor(srv.base_url, "gpt-5-mini", provider="openai", extra_params={"api": "responses"})
         actor, _ = await call(actor)
@@ -244,9 +247,8 @@ async def test_client_errors_raise_named_exceptions_without_retrying(turn: FakeT
 
 
 def test_failed_response_events_are_classified() -> None:
-    assert isinstance(
-        classify_responses_error(ResponseFailed("context_length_exceeded", "too long"), "p").error, ContextTooLongError
-    )  # type: ignore[union-attr]
+    context = classify_responses_error(ResponseFailed("context_length_exceeded", "too long"), "p")
+    assert context is not None and isinstance(context.error, ContextTooLongError)
     server = classify_responses_error(ResponseFailed("server_error", "boom"), "p")
     assert server is not None and server.error.retryable
     invalid = classify_responses_error(ResponseFailed("invalid_prompt", "no"), "p")
