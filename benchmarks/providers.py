@@ -107,6 +107,84 @@ PROVIDERS: list[ProviderEntry] = [
 ]
 
 
+def _anthropic_client(url: str) -> Any:
+    import anthropic
+
+    return anthropic.AsyncAnthropic(base_url=url, api_key="bench", max_retries=0)
+
+
+async def _anthropic_bare(client: Any) -> int:
+    n = 0
+    stream = await client.messages.create(
+        model="fake-model", max_tokens=4096, messages=[{"role": "user", "content": "Stream, please."}], stream=True
+    )
+    async with stream:
+        async for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "text_delta" and event.delta.text:
+                n += 1
+    return n
+
+
+async def _responses_bare(client: Any) -> int:
+    n = 0
+    stream = await client.responses.create(model="fake-model", input="Stream, please.", stream=True)
+    async with stream:
+        async for event in stream:
+            if event.type == "response.output_text.delta" and event.delta:
+                n += 1
+    return n
+
+
+def _google_client(url: str) -> Any:
+    import httpx2
+    from google import genai
+    from google.genai import types
+
+    http = httpx2.AsyncClient(limits=httpx2.Limits(max_connections=1000))
+    options = types.HttpOptions(
+        base_url=url, httpx_async_client=http, timeout=120_000, retry_options=types.HttpRetryOptions(attempts=1)
+    )
+    return genai.Client(api_key="bench", http_options=options), http
+
+
+async def _google_bare(client: Any) -> int:
+    n = 0
+    stream = await client[0].aio.models.generate_content_stream(model="fake-model", contents="Stream, please.")
+    async for chunk in stream:
+        if chunk.candidates and chunk.candidates[0].content.parts[0].text:
+            n += 1
+    return n
+
+
+async def _close_google(client: Any) -> None:
+    await client[1].aclose()
+
+
+PROVIDERS += [
+    ProviderEntry(
+        "anthropic",
+        lambda url: Endpoint("anthropic", "fake-model", api_base=url, api_key="bench"),
+        _anthropic_client,
+        _anthropic_bare,
+        _close_openai,
+    ),
+    ProviderEntry(
+        "openai_responses",
+        lambda url: Endpoint("openai-responses", "fake-model", api_base=f"{url}/v1", api_key="bench"),
+        _openai_client,
+        _responses_bare,
+        _close_openai,
+    ),
+    ProviderEntry(
+        "google",
+        lambda url: Endpoint("google", "fake-model", api_base=url, api_key="bench"),
+        _google_client,
+        _google_bare,
+        _close_google,
+    ),
+]
+
+
 # --------------------------------------------------------------------------------------------
 # Fake server process
 # --------------------------------------------------------------------------------------------
