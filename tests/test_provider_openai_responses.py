@@ -260,3 +260,35 @@ async def test_missing_key_is_an_authentication_error(monkeypatch: pytest.Monkey
     actor = Actor(Trajectory((Message("user", "hi"),)), Endpoint("openai-responses", "gpt-4.1"))
     with pytest.raises(AuthenticationError, match="OPENAI_API_KEY"):
         await call(actor)
+
+
+def test_reasoning_without_encrypted_content_is_not_replayed_and_call_ids_follow() -> None:
+    from rollouts.dtypes import ToolCallContent
+    from rollouts.providers.openai_responses import build_responses_request
+
+    def history(signature: str) -> tuple[Message, ...]:
+        return (
+            Message("user", "go"),
+            Message(
+                "assistant",
+                (
+                    ThinkingContent("plan", signature=signature, provider="openai-responses"),
+                    ToolCallContent("call_1|fc_1", "add", {"value": 1}),
+                ),
+                provider="openai-responses",
+            ),
+            Message("tool", "1", tool_call_id="call_1|fc_1"),
+        )
+
+    ep = Endpoint("openai-responses", "o4-mini")
+    stored = build_responses_request(Actor(Trajectory(history('{"id":"rs_1","encrypted_content":null}')), ep))
+    assert [i.get("type") for i in stored["input"]] == [None, "function_call", "function_call_output"]
+    assert "id" not in stored["input"][1] and stored["input"][1]["call_id"] == "call_1"
+    full = build_responses_request(Actor(Trajectory(history('{"id":"rs_1","encrypted_content":"E"}')), ep))
+    assert full["input"][1] == {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [{"type": "summary_text", "text": "plan"}],
+        "encrypted_content": "E",
+    }
+    assert full["input"][2]["id"] == "fc_1"

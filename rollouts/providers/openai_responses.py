@@ -128,10 +128,17 @@ def _user_content(message: Message) -> list[dict[str, Any]]:
 
 def _assistant_items(message: Message) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
+    # A reasoning item without encrypted content cannot be replayed statelessly (store=false):
+    # it is left out, and so are the item ids of the calls that followed it, which the API
+    # would otherwise reject as missing their reasoning item.
+    reasoning = [_reasoning_item(b) for b in message.blocks if isinstance(b, ThinkingContent)]
+    keep_item_ids = all(r is not None and r.get("encrypted_content") for r in reasoning)
     for b in message.blocks:
         if isinstance(b, ThinkingContent):
             item = _reasoning_item(b)
             assert item is not None, "foreign thinking must be transformed before building the request"
+            if not item.get("encrypted_content"):
+                continue
             summary = [{"type": "summary_text", "text": b.thinking}] if b.thinking else []
             out: dict[str, Any] = {"type": "reasoning", "id": item["id"], "summary": summary}
             if item.get("encrypted_content"):
@@ -151,7 +158,7 @@ def _assistant_items(message: Message) -> list[dict[str, Any]]:
             call_id, item_id = _split_id(b.id)
             raw = b.raw_arguments if b.parse_error is not None and b.raw_arguments else json.dumps(dict(b.arguments))
             call: dict[str, Any] = {"type": "function_call", "call_id": call_id, "name": b.name, "arguments": raw}
-            if item_id:
+            if item_id and keep_item_ids:
                 call["id"] = item_id
             items.append(call)
     return items
