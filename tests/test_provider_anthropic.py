@@ -353,3 +353,25 @@ async def test_client_is_reused_inside_a_client_scope() -> None:
             for _ in range(3):
                 await call(_actor(srv.url))
         assert srv.connections_opened == 1
+
+
+def test_thinking_is_left_off_while_finishing_a_tool_loop_another_provider_started() -> None:
+    ep = Endpoint("anthropic", MODEL, thinking={"budget_tokens": 2048})
+    foreign = (
+        Message("user", "go"),
+        Message("assistant", (ToolCallContent("call_1", "add", {"value": 1}),), provider="openai"),
+        Message("tool", "1", tool_call_id="call_1"),
+    )
+    assert "thinking" not in build_anthropic_request(Actor(Trajectory(foreign), ep))
+    native = (
+        Message("user", "go"),
+        Message(
+            "assistant",
+            (ThinkingContent("t", signature="s", provider="anthropic"), ToolCallContent("call_1", "add", {"value": 1})),
+            provider="anthropic",
+        ),
+        Message("tool", "1", tool_call_id="call_1"),
+    )
+    assert build_anthropic_request(Actor(Trajectory(native), ep))["thinking"]["budget_tokens"] == 2048
+    new_question = (*foreign, Message("assistant", "1"), Message("user", "again"))
+    assert "thinking" in build_anthropic_request(Actor(Trajectory(new_question), ep))

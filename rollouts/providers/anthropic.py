@@ -14,7 +14,10 @@ Request (`build_anthropic_request`):
 * thinking blocks made by Anthropic go back verbatim with their signatures, redacted thinking as
   `redacted_thinking` with its data;
 * `Endpoint.thinking` turns on extended thinking: `{"budget_tokens": N}` becomes
-  `{"type": "enabled", "budget_tokens": N}`, a dict with `type` is sent as it is;
+  `{"type": "enabled", "budget_tokens": N}`, a dict with `type` is sent as it is; no temperature
+  is sent with thinking; a request that answers tool calls of an assistant message without a
+  leading thinking block (another provider's turn) is sent without thinking, as the API
+  requires thinking to start the turn it continues;
 * prompt caching: `cache_control: {"type": "ephemeral"}` on the last system block, the last tool
   and the last block of the last message (off with `extra_params={"prompt_caching": False}`);
 * `extra_params` are merged last (parameters the SDK does not know go through `extra_body`).
@@ -231,6 +234,18 @@ def _mark_cache(blocks: list[dict[str, Any]]) -> None:
             return
 
 
+def _in_unthinking_tool_loop(messages: list[dict[str, Any]]) -> bool:
+    """Whether the request answers tool calls of an assistant message that has no thinking block
+    first (made by another provider, or before thinking was turned on). The API rejects thinking
+    mid-turn then, so the turn is finished without it."""
+    if len(messages) < 2 or messages[-1]["role"] != "user" or messages[-2]["role"] != "assistant":
+        return False
+    if not any(b.get("type") == "tool_result" for b in messages[-1]["content"]):
+        return False
+    first = messages[-2]["content"][0].get("type") if messages[-2]["content"] else None
+    return first not in ("thinking", "redacted_thinking")
+
+
 def build_anthropic_request(actor: Actor) -> dict[str, Any]:
     """The keyword arguments of `messages.create(stream=True)` for `actor`."""
     ep = actor.endpoint
@@ -243,6 +258,8 @@ def build_anthropic_request(actor: Actor) -> dict[str, Any]:
     if actor.tools:
         body["tools"] = anthropic_tools(actor.tools)
     thinking = _thinking_param(ep)
+    if thinking is not None and _in_unthinking_tool_loop(messages):
+        thinking = None
     if thinking is not None:
         body["thinking"] = thinking
     elif ep.temperature is not None:
