@@ -423,6 +423,19 @@ async def _one_shot(runner: _Runner, prompt: str) -> int:
     return _exit_code(final)
 
 
+def _show_status(runner: _Runner, state: AgentState) -> None:
+    """The environment's one-line status after a turn (e.g. the calculator's value)."""
+    env = state.environment
+    if runner.json_out is not None or env is None:
+        return
+    try:
+        info = env.get_status_info()
+    except Exception:  # a status line is a nicety, never a reason to stop
+        return
+    if info:
+        runner.renderer.status("[" + ", ".join(f"{k}: {v}" for k, v in info.items()) + "]")
+
+
 _HELP = "commands: /exit (or Ctrl-D) leaves, /session shows the session id, /help shows this"
 
 
@@ -462,7 +475,8 @@ async def _interactive(runner: _Runner, banner: str) -> int:
                     continue
                 interrupts.armed = False
                 try:
-                    await runner.ask(text)
+                    final = await runner.ask(text)
+                    _show_status(runner, final)
                 except AuthenticationError:
                     raise
                 except RolloutsError as e:
