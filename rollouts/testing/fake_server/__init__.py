@@ -49,6 +49,10 @@ alternate), `formats` (default: every format in `_registry.FORMATS`), `port`.
 
 **Formats** are pluggable (`WireFormat` protocol in `server.py`, registry in `_registry.py`).
 Shipped: OpenAI Chat Completions (`chat.py`: `POST */chat/completions`, `GET */models`).
+Also: Anthropic Messages (`anthropic_format.py`: `POST */v1/messages`; `AnthropicReply` adds
+redacted thinking, a fixed signature and an `error` event mid-stream), OpenAI Responses
+(`responses_format.py`: `POST */responses`) and Gemini (`gemini_format.py`:
+`POST */models/<model>:streamGenerateContent?alt=sse` and `:generateContent`).
 Helpers for format authors: `sse(data, event=None)`, `split_text`, `estimate_tokens`,
 `RenderContext`.
 
