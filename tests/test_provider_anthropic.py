@@ -375,3 +375,34 @@ def test_thinking_is_left_off_while_finishing_a_tool_loop_another_provider_start
     assert build_anthropic_request(Actor(Trajectory(native), ep))["thinking"]["budget_tokens"] == 2048
     new_question = (*foreign, Message("assistant", "1"), Message("user", "again"))
     assert "thinking" in build_anthropic_request(Actor(Trajectory(new_question), ep))
+
+
+async def test_server_tool_blocks_are_skipped_and_indices_kept() -> None:
+    from anthropic.types import RawMessageStreamEvent
+    from pydantic import TypeAdapter
+
+    from rollouts.providers.anthropic import AnthropicStreamTranslator
+
+    adapter: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
+    raw = [
+        {"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant", "model": "x", "content": [], "usage": {"input_tokens": 3, "output_tokens": 1}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": '{"query": "x"}'}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Found it."}},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 5}},
+        {"type": "message_stop"},
+    ]  # fmt: skip
+    rec = Recorder()
+    translator = AnthropicStreamTranslator(rec)
+    for event in raw:
+        await translator.feed(adapter.validate_python(event))
+    await translator.finish("unpriced-model")
+    assert rec.events == [
+        TextStart(1),
+        TextDelta(1, "Found it."),
+        TextEnd(1, "Found it."),
+        StreamDone("stop", Usage(input_tokens=3, output_tokens=5)),
+    ]

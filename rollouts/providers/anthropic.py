@@ -334,7 +334,9 @@ class AnthropicStreamTranslator:
             delta = event.delta
             dkind = delta.type
             index = event.index
-            block = self._blocks[index]
+            block = self._blocks.get(index)
+            if block is None or block.kind == "ignored":
+                return  # deltas of server-tool blocks (or of a block never started)
             if dkind == "text_delta":
                 block.parts.append(delta.text)
                 await self._emit(TextDelta(index, delta.text))

@@ -301,7 +301,7 @@ class ResponsesStreamTranslator:
 
     async def feed(self, event: Any) -> None:
         kind = event.type
-        if kind == "response.output_text.delta":
+        if kind == "response.output_text.delta" or kind == "response.refusal.delta":
             index = event.output_index
             self._items[index].parts.append(event.delta)
             await self._emit(TextDelta(index, event.delta))
