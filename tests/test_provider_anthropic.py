@@ -406,3 +406,10 @@ async def test_server_tool_blocks_are_skipped_and_indices_kept() -> None:
         TextEnd(1, "Found it."),
         StreamDone("stop", Usage(input_tokens=3, output_tokens=5)),
     ]
+
+
+async def test_an_openai_style_base_url_with_v1_works_too() -> None:
+    async with open_fake_server(["hi"]) as srv:
+        actor, _ = await call(_actor(srv.base_url))  # http://127.0.0.1:<port>/v1
+        assert srv.last_request.path == "/v1/messages"
+    assert actor.trajectory.messages[-1].text == "hi"

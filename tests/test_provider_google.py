@@ -281,3 +281,12 @@ async def test_client_is_reused_inside_a_client_scope() -> None:
             for _ in range(3):
                 await call(_actor(srv.url))
         assert srv.connections_opened == 1
+
+
+async def test_api_version_in_the_base_url_is_used() -> None:
+    async with open_fake_server(["hi", "again"]) as srv:
+        actor, _ = await call(_actor(srv.url + "/v1beta"))
+        assert srv.last_request.path == f"/v1beta/models/{MODEL}:streamGenerateContent"
+        await call(_actor(srv.url + "/"))
+        assert srv.last_request.path == f"/v1/models/{MODEL}:streamGenerateContent"
+    assert actor.trajectory.messages[-1].text == "hi"

@@ -292,3 +292,23 @@ def test_reasoning_without_encrypted_content_is_not_replayed_and_call_ids_follow
         "encrypted_content": "E",
     }
     assert full["input"][2]["id"] == "fc_1"
+
+
+async def test_cancellation_mid_stream_closes_the_connection() -> None:
+    import trio
+
+    async with open_fake_server([FakeTurn("word " * 400, event_delay=0.02)]) as srv:
+        rec = Recorder()
+        with trio.CancelScope() as scope:
+
+            async def on_chunk(event: Any) -> None:
+                await rec(event)
+                if isinstance(event, TextDelta) and len(rec.of(TextDelta)) == 3:
+                    scope.cancel()
+
+            await call(_actor(srv.base_url), on_chunk)  # type: ignore[arg-type]
+        assert scope.cancelled_caught
+        with trio.fail_after(10):  # the server notices the closed connection on its next write
+            await srv.wait_idle()
+        assert srv.completed_streams == 0
+    assert len(rec.of(TextDelta)) == 3

@@ -1,7 +1,7 @@
 """Anthropic Messages API, streamed through the official `anthropic` SDK (`AsyncAnthropic`).
 
 Provider name `anthropic`. Key from `Endpoint.api_key` or `ANTHROPIC_API_KEY`; `api_base` is the
-server root (default `https://api.anthropic.com`, no `/v1`).
+server root (default `https://api.anthropic.com`; a trailing `/v1` is accepted and dropped).
 
 Request (`build_anthropic_request`):
 * history goes through `_transform.transform_history` first (foreign thinking -> text, missing
@@ -456,10 +456,19 @@ def _api_key(endpoint: Endpoint) -> str:
     return key
 
 
+def api_root(api_base: str) -> str | None:
+    """The server root the SDK wants (it adds `/v1/messages`): a trailing `/v1` is dropped, so an
+    OpenAI-style base URL works too."""
+    base = api_base.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[:-3]
+    return base or None
+
+
 def _make_client(endpoint: Endpoint, api_key: str) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(
         api_key=api_key,
-        base_url=endpoint.api_base or None,
+        base_url=api_root(endpoint.api_base),
         max_retries=0,  # retried by rollouts.providers._retry
         timeout=anthropic.Timeout(endpoint.timeout, connect=min(10.0, endpoint.timeout)),
         http_client=anthropic.DefaultAsyncHttpxClient(verify=shared_ssl_context()),

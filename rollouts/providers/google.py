@@ -1,7 +1,8 @@
 """Google Gemini through the official `google-genai` SDK, running natively under trio.
 
 Provider name `google`. Key from `Endpoint.api_key`, `GEMINI_API_KEY` or `GOOGLE_API_KEY`;
-`api_base` is the server root (default `https://generativelanguage.googleapis.com`).
+`api_base` is the server root (default `https://generativelanguage.googleapis.com`), optionally
+with an API version (`.../v1beta`), which is then used instead of the SDK's default.
 
 The SDK's default async client needs asyncio, so each client is given its own
 `httpx2.AsyncClient` (see /work/shared/notes/sdk-under-trio.md); its own retries are off
@@ -34,6 +35,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Hashable
@@ -366,6 +368,20 @@ def usage_from_google(raw: Any, model: str) -> Usage:
 # ---------------------------------------------------------------------------------------------
 
 
+_API_VERSION = re.compile(r"/(v\d+(?:alpha|beta)?\d*)/?$")
+
+
+def split_api_version(api_base: str) -> tuple[str | None, str | None]:
+    """(server root, API version) from `api_base`: `http://host/v1beta` -> (`http://host`,
+    `v1beta`); without a version suffix the SDK's default version is used."""
+    if not api_base:
+        return None, None
+    m = _API_VERSION.search(api_base)
+    if m is None:
+        return api_base.rstrip("/"), None
+    return api_base[: m.start()], m.group(1)
+
+
 class _GoogleClient:
     """A genai client with the httpx2 client it rides on (closed together)."""
 
@@ -375,8 +391,10 @@ class _GoogleClient:
             limits=httpx2.Limits(max_connections=_MAX_CONNECTIONS, max_keepalive_connections=100),
             timeout=httpx2.Timeout(endpoint.timeout, connect=min(10.0, endpoint.timeout), pool=endpoint.timeout),
         )
+        base, version = split_api_version(endpoint.api_base)
         options = genai_types.HttpOptions(
-            base_url=endpoint.api_base or None,
+            base_url=base,
+            api_version=version,
             httpx_async_client=self.http,
             timeout=int(endpoint.timeout * 1000),
             retry_options=genai_types.HttpRetryOptions(attempts=1),
