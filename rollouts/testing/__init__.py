@@ -12,8 +12,10 @@ from rollouts.testing.fake_server import (
     http_error,
     open_fake_server,
 )
+from rollouts.testing.fake_server.anthropic_format import AnthropicReply
 
 __all__ = [
+    "AnthropicReply",
     "FakeServer",
     "FakeTurn",
     "RecordedRequest",
