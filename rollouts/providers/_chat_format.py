@@ -246,7 +246,8 @@ class ChatStreamTranslator:
 
     With `text_tool_names`, text from the first `{`, backtick or `<` on is held back until the
     end and turned into tool calls if it holds calls to those tools (see `_text_tool_calls`);
-    otherwise it is emitted as text unchanged. With `model`, the usage's `cost_usd` comes from
+    otherwise it is emitted as text unchanged. `text_tool_limit=1` keeps only the first such
+    call (the request asked for `parallel_tool_calls: false`). With `model`, the usage's `cost_usd` comes from
     the price table (`_pricing`).
     """
 
@@ -262,13 +263,21 @@ class ChatStreamTranslator:
         "_next_index",
         "_open_call",
         "_reopened",
+        "_text_tool_limit",
         "_text_tool_names",
         "finish_reason",
         "got_output",
         "usage_raw",
     )
 
-    def __init__(self, emit: OnChunk, *, text_tool_names: frozenset[str] | None = None, model: str = "") -> None:
+    def __init__(
+        self,
+        emit: OnChunk,
+        *,
+        text_tool_names: frozenset[str] | None = None,
+        text_tool_limit: int | None = None,
+        model: str = "",
+    ) -> None:
         self._emit = emit
         self._model = model
         self._next_index = 0
@@ -281,6 +290,7 @@ class ChatStreamTranslator:
         self._by_id: dict[str, int] = {}
         self._held: list[str] | None = None
         self._text_tool_names = text_tool_names or None
+        self._text_tool_limit = text_tool_limit
         self.finish_reason: str | None = None
         self.usage_raw: Any = None
         self.got_output = False
@@ -423,7 +433,7 @@ class ChatStreamTranslator:
             return False
         text = "".join(held)
         assert self._text_tool_names is not None
-        found, rest = extract_text_tool_calls(text, self._text_tool_names)
+        found, rest = extract_text_tool_calls(text, self._text_tool_names, limit=self._text_tool_limit)
         if not found:
             await self._block_delta("text", text)
             return False

@@ -126,6 +126,8 @@ _CONTEXT_HINTS = (
     "too many tokens",
     "input is too long",
     "exceeds the context",
+    "exceed_context_size",  # llama.cpp server
+    "available context size",
     "string_above_max_length",
 )
 

@@ -20,6 +20,7 @@ _OPEN_WRAPPER = re.compile(r"(?:```(?:json|tool_call|tool)?|<tool_call>)\s*$")
 _CLOSE_WRAPPER = re.compile(r"\s*(?:```|</tool_call>)")
 _DECODER = json.JSONDecoder()
 _MAX_SCAN = 64  # bound on the number of candidate objects examined in one text
+_MAX_MISSING_BRACES = 3
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,27 @@ def _as_call(obj: Any, names: Collection[str]) -> TextToolCall | None:
     return TextToolCall(obj["name"], args, json.dumps(args, ensure_ascii=False))
 
 
-def extract_text_tool_calls(text: str, names: Collection[str]) -> tuple[list[TextToolCall], str]:
-    """The tool calls found in `text` and the text that remains once they (and their
-    wrappers) are cut out (not stripped). `([], text)` when there is none."""
+def _decode_at(text: str, i: int) -> tuple[Any, int]:
+    """The JSON value starting at `text[i]` and where it ends; an object left unclosed at the
+    very end of the text is completed with closing braces. Raises ValueError."""
+    try:
+        return _DECODER.raw_decode(text, i)
+    except ValueError:
+        tail = text[i:].rstrip()
+        for k in range(1, _MAX_MISSING_BRACES + 1):
+            try:
+                return json.loads(tail + "}" * k), len(text)
+            except ValueError:
+                continue
+        raise
+
+
+def extract_text_tool_calls(
+    text: str, names: Collection[str], *, limit: int | None = None
+) -> tuple[list[TextToolCall], str]:
+    """The tool calls found in `text` (at most `limit`) and the text that remains once they
+    (and their wrappers) are cut out (not stripped). `([], text)` when there is none."""
+    assert limit is None or limit >= 1, "limit must be None or >= 1"
     if not names or "{" not in text:
         return [], text
     calls: list[TextToolCall] = []
@@ -59,7 +78,7 @@ def extract_text_tool_calls(text: str, names: Collection[str]) -> tuple[list[Tex
     while i >= 0 and scanned < _MAX_SCAN:
         scanned += 1
         try:
-            obj, end = _DECODER.raw_decode(text, i)
+            obj, end = _decode_at(text, i)
         except ValueError:
             i = text.find("{", i + 1)
             continue
@@ -75,6 +94,8 @@ def extract_text_tool_calls(text: str, names: Collection[str]) -> tuple[list[Tex
         kept.append(text[pos:start])
         calls.append(call)
         pos = end
+        if limit is not None and len(calls) >= limit:
+            return calls, "".join(kept)
         i = text.find("{", pos)
     if not calls:
         return [], text

@@ -13,7 +13,8 @@ Provider names:
   Quirks handled: servers that report no usage give `Usage()` zeros and the message's
   `details["usage_reported"] = False` (no estimate: a guess would pollute cost accounting);
   tool calls written as text (bare JSON `{"name", "arguments"}`, in ```json fences or
-  `<tool_call>` tags) become real tool calls when they name a declared tool and parse; assistant
+  `<tool_call>` tags) become real tool calls when they name a declared tool and parse (only the
+  first one when the request sets `parallel_tool_calls: false`); assistant
   messages with only tool calls are sent with `content: ""` rather than null; `max_tokens`
   instead of `max_completion_tokens`.
 
@@ -163,6 +164,7 @@ async def _stream_chat(actor: Actor, on_chunk: OnChunk, *, compat: bool) -> Acto
     await on_chunk(LLMCallStart(provider=provider, model=ep.model))
     body = build_chat_request(actor, compat=compat)
     text_tools = frozenset(t.name for t in actor.tools) if compat and actor.tools else None
+    text_tool_limit = 1 if body.get("parallel_tool_calls") is False else None
     if ep.transport == "http":
         from rollouts.providers.openai_http import open_chat_stream as open_stream
     else:
@@ -180,7 +182,9 @@ async def _stream_chat(actor: Actor, on_chunk: OnChunk, *, compat: bool) -> Acto
         nonlocal first_chunk_at, usage_reported
         async with open_stream(ep, body, api_key) as chunks:
             await emit(StreamStart(attempt=n))
-            translator = ChatStreamTranslator(emit, text_tool_names=text_tools, model=ep.model)
+            translator = ChatStreamTranslator(
+                emit, text_tool_names=text_tools, text_tool_limit=text_tool_limit, model=ep.model
+            )
             async for chunk in chunks:
                 if first_chunk_at is None:
                     first_chunk_at = time.perf_counter()
