@@ -51,7 +51,9 @@ async def main() -> None:
     model = ScriptedModel(lambda req: REPLY, chunk_size=16)
     rc = RunConfig()
     results: dict[str, float] = {}
-    print(f"{'history':>8} {'turn (us)':>10} {'provider only (us)':>19} {'loop overhead (us)':>19} {'turn/provider':>14}")
+    print(
+        f"{'history':>8} {'turn (us)':>10} {'provider only (us)':>19} {'loop overhead (us)':>19} {'turn/provider':>14}"
+    )
     for n in (10, 100, 1000):
         state = AgentState(
             actor=Actor(Trajectory(_history(n)), model.endpoint),

@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ConfigurationError, UnknownProviderError
+from rollouts.local_model import MODEL_NAMES
 
 __all__ = [
     "PROVIDER_KEY_ENV",
@@ -65,10 +66,6 @@ PROVIDER_KEY_ENV: Mapping[str, tuple[str, ...]] = {
     "google": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
 }
 
-# Model names served by the embedded local provider (used only when `rollouts.local_model`
-# does not say otherwise).
-_LOCAL_MODEL_NAMES = ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct")
-
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -92,19 +89,6 @@ def known_providers() -> list[str]:
     return sorted(set(registry_known()) | set(_STANDARD_PROVIDERS))
 
 
-def _local_model_names() -> tuple[str, ...]:
-    try:
-        import rollouts.local_model as local_model  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return _LOCAL_MODEL_NAMES
-    names = getattr(local_model, "MODEL_NAMES", None) or getattr(local_model, "KNOWN_MODELS", None)
-    if isinstance(names, Mapping):
-        names = tuple(names)
-    if isinstance(names, tuple | list) and all(isinstance(n, str) for n in names):
-        return tuple(names) + _LOCAL_MODEL_NAMES
-    return _LOCAL_MODEL_NAMES
-
-
 def infer_provider_from_model(model: str) -> str | None:
     """The provider a bare model name belongs to, or None when it is ambiguous.
 
@@ -117,7 +101,7 @@ def infer_provider_from_model(model: str) -> str | None:
         return "openai"
     if m.startswith("gemini"):
         return "google"
-    if m in {n.lower() for n in _local_model_names()}:
+    if m in MODEL_NAMES:
         return "local"
     return None
 

@@ -6,7 +6,6 @@ Key values are never shown: only whether each variable is set.
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.metadata
 import json
 import os
@@ -60,42 +59,15 @@ def _keys() -> list[dict[str, Any]]:
     return out
 
 
-def _call_first(module: Any, names: tuple[str, ...], *args: Any) -> tuple[bool, Any]:
-    for name in names:
-        fn = getattr(module, name, None)
-        if callable(fn):
-            return True, fn(*args)
-    return False, None
-
-
 def _local_model(verify: bool) -> dict[str, Any]:
-    """Ask rollouts.local_model (if present) whether the embedded model is installed and intact."""
+    """Whether the embedded model's engine and packages are installed and its file verified."""
+    from rollouts.local_model import model_status
+
     try:
-        module = importlib.import_module("rollouts.local_model")
-    except ImportError as e:
-        return {"available": False, "detail": f"rollouts.local_model is not available ({e.name or e})"}
-    info: dict[str, Any] = {"available": True}
-    try:
-        found, status = _call_first(module, ("doctor_status", "status", "model_status"), verify)
-        if found:
-            if isinstance(status, dict):
-                info.update(status)
-            elif hasattr(status, "__dataclass_fields__"):
-                info.update({k: getattr(status, k) for k in status.__dataclass_fields__})
-            else:
-                info["detail"] = str(status)
-            return _json_safe(info)
-        found, installed = _call_first(module, ("is_installed", "installed"))
-        if found:
-            info["installed"] = bool(installed)
-        if verify and info.get("installed", True):
-            found, path = _call_first(module, ("verify", "verify_model", "ensure_model", "model_path"))
-            if found:
-                info["verified"] = True
-                if path is not None:
-                    info["path"] = str(path)
+        info: dict[str, Any] = {"engine": _version("xllamacpp") or "not installed", **model_status(verify)}
     except Exception as e:  # report, never crash the doctor
-        info["error"] = f"{type(e).__name__}: {e}"
+        info = {"error": f"{type(e).__name__}: {e}"}
+    info["available"] = bool(info.get("installed")) and info.get("engine") != "not installed"
     return _json_safe(info)
 
 
@@ -165,8 +137,11 @@ def _text(report: dict[str, Any]) -> str:
     if not lm.get("available"):
         lines.append(f"local model: {lm.get('detail', 'not available')}; install with pip install 'rollouts[local]'")
     else:
-        details = ", ".join(f"{k}={v}" for k, v in lm.items() if k != "available")
-        lines.append(f"local model: {details or 'available'}")
+        state = {True: "verified", False: "FAILED its hash check", None: "not checked"}[lm.get("verified")]
+        if not lm.get("assembled"):
+            state = "installed, assembled on first use"
+        lines.append(f"local model: {lm['model']} (llama.cpp engine xllamacpp {lm['engine']}): {state}")
+        lines.append(f"  file: {lm['path']}" + (f"  ({lm['detail']})" if lm.get("detail") else ""))
     if report.get("config_error"):
         lines.append(f"config: ERROR {report['config_error']}")
     else:
