@@ -39,7 +39,9 @@ from rollouts.events import (
     ToolCallStart,
 )
 from rollouts.providers import get_provider_function
+from rollouts.providers._clients import client_scope
 from rollouts.providers._text_tool_calls import extract_text_tool_calls
+from rollouts.providers.openai_http import SHARDS
 from rollouts.providers.scripted import ScriptedReply, ScriptedToolCall
 from rollouts.run_config import RunConfig
 from rollouts.testing import open_fake_server
@@ -300,3 +302,27 @@ def test_sse_parser_is_independent_of_chunk_boundaries(cuts: list[int], crlf: bo
     body = _sse_body(crlf)
     joined = [json.loads(json.dumps(ev, ensure_ascii=False)) for ev in _EVENTS]
     assert trio.run(_parse, body, cuts) == joined
+
+
+@TRANSPORTS
+@pytest.mark.parametrize(
+    ("provider", "extra", "reused"),
+    [
+        ("openai-compatible", None, True),
+        ("llamacpp", None, False),  # llama.cpp drops kept-alive connections without notice
+        ("openai-compatible", {"keepalive": False}, False),
+        ("llamacpp", {"keepalive": True}, True),
+    ],
+)
+async def test_connection_reuse_follows_keepalive(
+    transport: str, provider: str, extra: dict[str, Any] | None, reused: bool
+) -> None:
+    n = SHARDS + 2  # the lean transport spreads requests over SHARDS clients
+    async with open_fake_server([f"reply {i}" for i in range(n)]) as srv:
+        actor = _actor(srv.base_url, transport, provider=provider, extra_params=extra)
+        async with client_scope():
+            for _ in range(n):
+                await _call(actor)
+        assert all("keepalive" not in r.json for r in srv.scripted_requests)  # never sent to the server
+        kept = 1 if transport == "sdk" else SHARDS
+        assert srv.connections_opened == (kept if reused else n)

@@ -7,7 +7,8 @@ in a worker thread so the trio loop keeps running; a process-wide lock makes con
 calls, from any trio run, share one server.
 
 Settings come from `LocalServerSettings` (or the environment: `ROLLOUTS_LOCAL_THREADS`,
-`ROLLOUTS_LOCAL_PARALLEL`, `ROLLOUTS_LOCAL_CTX`). The server keeps `parallel` sequences in flight
+`ROLLOUTS_LOCAL_PARALLEL`, `ROLLOUTS_LOCAL_CTX`); `ROLLOUTS_LOCAL_LOG=1` lets llama.cpp print its own
+log lines to stderr. The server keeps `parallel` sequences in flight
 (continuous batching), each with a context of `ctx_per_slot` tokens.
 """
 
@@ -112,7 +113,8 @@ def _start_blocking(spec: ModelSpec, settings: LocalServerSettings, progress: Pr
         params.cpuparams_batch.n_threads = settings.threads
         params.hostnames = ["127.0.0.1"]
         params.port = 0  # a free port, read back from listening_address
-        params.verbosity = -1  # llama.cpp's own log lines off
+        if not os.environ.get("ROLLOUTS_LOCAL_LOG"):
+            params.verbosity = -1  # llama.cpp's own log lines off (ROLLOUTS_LOCAL_LOG=1 shows them)
         params.warmup = False
         server = xllamacpp.Server(params)
         address = str(server.listening_address).rstrip("/")

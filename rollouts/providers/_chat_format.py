@@ -48,7 +48,7 @@ from rollouts.providers._transform import chat_target, transform_history
 # o-series and gpt-5 reasoning models: max_completion_tokens, reasoning_effort, no temperature.
 _REASONING_MODEL = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-5)(?:$|[-.\w])")
 # extra_params keys that steer rollouts and are never sent to the API
-_LOCAL_PARAMS = frozenset({"api"})
+_LOCAL_PARAMS = frozenset({"api", "keepalive"})  # read by rollouts, never sent
 # characters that may open a tool call written as text (held back until the turn ends)
 _TEXT_CALL_OPENERS = re.compile(r"[{`<]")
 

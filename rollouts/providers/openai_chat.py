@@ -18,6 +18,9 @@ Provider names:
   messages with only tool calls are sent with `content: ""` rather than null; `max_tokens`
   instead of `max_completion_tokens`.
 
+Connections are kept alive and reused except for llama.cpp servers (see
+`openai_http.keeps_connections_alive`; `extra_params={"keepalive": False}` for any other).
+
 `Endpoint.transport="http"` uses the lean `openai_http` transport instead of the SDK: same
 request, same events, same Message and Usage, same retries, less client CPU.
 
@@ -35,6 +38,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
+import httpx2
 import openai
 import trio
 
@@ -52,7 +56,7 @@ from rollouts.providers._retry import (
     failure_from_status,
     stream_with_retries,
 )
-from rollouts.providers.openai_http import shared_ssl_context
+from rollouts.providers.openai_http import keeps_connections_alive, shared_ssl_context
 
 _RESPONSES_ONLY = re.compile(r"^(?:o\d+-pro|gpt-5(?:\.\d+)?-pro|gpt-5(?:\.\d+)?-codex|codex-|computer-use)")
 _CREATE_PARAMS = frozenset(
@@ -88,7 +92,7 @@ def _api_key(endpoint: Endpoint, compat: bool) -> str:
 
 def _sdk_client_key(endpoint: Endpoint, api_key: str) -> Hashable:
     # The key is hashed so the pool never holds it as a plain dictionary key.
-    return ("openai-sdk", endpoint.api_base, hash(api_key), endpoint.timeout)
+    return ("openai-sdk", endpoint.api_base, hash(api_key), endpoint.timeout, keeps_connections_alive(endpoint))
 
 
 def _make_sdk_client(endpoint: Endpoint, api_key: str) -> openai.AsyncOpenAI:
@@ -97,8 +101,17 @@ def _make_sdk_client(endpoint: Endpoint, api_key: str) -> openai.AsyncOpenAI:
         base_url=endpoint.api_base or None,
         max_retries=0,  # retried by rollouts.providers._retry
         timeout=openai.Timeout(endpoint.timeout, connect=min(10.0, endpoint.timeout)),
-        http_client=openai.DefaultAsyncHttpxClient(verify=shared_ssl_context()),  # SDK defaults, shared TLS
+        http_client=_sdk_http_client(endpoint),
     )
+
+
+def _sdk_http_client(endpoint: Endpoint) -> httpx2.AsyncClient:
+    """The SDK's default client (its limits and timeouts) with our shared TLS context, and no
+    kept-alive connections where `keeps_connections_alive` says so."""
+    if keeps_connections_alive(endpoint):
+        return openai.DefaultAsyncHttpxClient(verify=shared_ssl_context())
+    limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=0)
+    return openai.DefaultAsyncHttpxClient(verify=shared_ssl_context(), limits=limits)
 
 
 @asynccontextmanager

@@ -51,18 +51,34 @@ def shared_ssl_context() -> ssl.SSLContext:
     return _ssl_context
 
 
+# llama.cpp's server closes a connection after a streamed reply without saying so; a client that
+# reuses it soon after loses the race ("Server disconnected without sending a response").
+_NO_KEEPALIVE_PROVIDERS = frozenset({"local", "llamacpp"})
+
+
+def keeps_connections_alive(endpoint: Endpoint) -> bool:
+    """Whether clients for `endpoint` reuse connections: `extra_params["keepalive"]` if set, else
+    yes except for llama.cpp servers (provider `local` or `llamacpp`), where reuse races the
+    server closing the connection. A fresh loopback connection costs well under a millisecond."""
+    chosen = (endpoint.extra_params or {}).get("keepalive")
+    if chosen is None:
+        return endpoint.provider not in _NO_KEEPALIVE_PROVIDERS
+    return bool(chosen)
+
+
 def _make_client(endpoint: Endpoint, max_connections: int = MAX_CONNECTIONS) -> httpx2.AsyncClient:
+    keepalive = max_connections if keeps_connections_alive(endpoint) else 0
     return httpx2.AsyncClient(
         verify=shared_ssl_context(),
         limits=httpx2.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=30.0
+            max_connections=max_connections, max_keepalive_connections=keepalive, keepalive_expiry=30.0
         ),
         timeout=httpx2.Timeout(endpoint.timeout, connect=min(10.0, endpoint.timeout), pool=endpoint.timeout),
     )
 
 
 def _client_key(endpoint: Endpoint, shard: int) -> Hashable:
-    return ("openai-http", endpoint.timeout, shard)
+    return ("openai-http", endpoint.timeout, keeps_connections_alive(endpoint), shard)
 
 
 @asynccontextmanager
