@@ -30,11 +30,12 @@ class _Tracker:
     """The latest state of a run in progress and the message being streamed, so an abort can
     return (and record) exactly what had happened."""
 
-    __slots__ = ("builder", "state")
+    __slots__ = ("aborted", "builder", "state")
 
     def __init__(self, state: AgentState) -> None:
         self.state = state
         self.builder: MessageBuilder | None = None
+        self.aborted: tuple[AgentState, Message | None] | None = None
 
 
 async def rollout(actor: Actor, on_chunk: OnChunk) -> Actor:
@@ -290,12 +291,15 @@ async def _finish_session(rc: RunConfig, state: AgentState, status: SessionStatu
 
 
 def _aborted(tracker: _Tracker) -> tuple[AgentState, Message | None]:
-    """The state at the moment of an abort, with any partially streamed message appended."""
-    state = tracker.state
-    partial = tracker.builder.partial_message() if tracker.builder is not None else None
-    if partial is not None:
-        state = state.with_messages(partial)
-    return replace(state, stop=StopReason.ABORTED, error="the run was cancelled"), partial
+    """The state at the moment of an abort, with any partially streamed message appended (made
+    once, so the state returned and the message recorded are the same)."""
+    if tracker.aborted is None:
+        state = tracker.state
+        partial = tracker.builder.partial_message() if tracker.builder is not None else None
+        if partial is not None:
+            state = state.with_messages(partial)
+        tracker.aborted = (replace(state, stop=StopReason.ABORTED, error="the run was cancelled"), partial)
+    return tracker.aborted
 
 
 async def _run_loop(states: list[AgentState], rc: RunConfig, tracker: _Tracker) -> None:

@@ -171,7 +171,7 @@ class FileSessionStore:
         env: dict[str, Any] | None = None
         for s, lim in zip(reversed(chain), reversed(limits), strict=True):
             base = s.branch_point or 0
-            if lim is not None and lim <= base:
+            if lim is not None and lim < base:
                 continue  # the history asked for ends before this branch's own messages
             if len(messages) != base:
                 raise SessionCorruptError(
