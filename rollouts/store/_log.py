@@ -57,7 +57,9 @@ def encode_message(message: Message, environment_state: Mapping[str, Any] | None
 
 
 def encode_snapshot(environment_state: Mapping[str, Any]) -> bytes:
-    return _dumps({ENV_KEY: dict(environment_state)}) + b"\n"
+    line = _dumps({ENV_KEY: dict(environment_state)})
+    assert line.startswith(SNAPSHOT_PREFIX)
+    return line + b"\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,31 +223,41 @@ class LogLock:
 
 @dataclass(frozen=True)
 class LogContents:
-    """What one log holds, up to a number of messages.
-
-    `environment_state` is the latest state at or before that point and `environment_at` the
-    number of the log's own messages it follows (None: the log has none). `torn_bytes` is the
-    size of an incomplete last line that was ignored (0 if none)."""
+    """What one log holds, up to a number of messages: the messages, the latest environment
+    state at or before that point, and how many of the log's messages precede that state
+    (None: the log holds no state)."""
 
     messages: list[Message]
     environment_state: dict[str, Any] | None
     environment_at: int | None
-    torn_bytes: int
 
 
-def _split(path: Path) -> tuple[list[bytes], int]:
+def _complete_lines(path: Path) -> bytes:
+    """The log's complete lines (the bytes up to its last newline). An incomplete last line,
+    left by an interrupted write, is ignored with a SessionRecoveryWarning."""
     data = path.read_bytes()
-    lines = data.split(b"\n")
-    torn = len(lines[-1])  # bytes after the last newline: an interrupted write
-    lines.pop()
-    if torn:
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
         warnings.warn(
             SessionRecoveryWarning(
-                f"{path}: ignored an incomplete last line ({torn} bytes) left by an interrupted write"
+                f"{path}: ignored an incomplete last line ({len(data) - end} bytes) left by an interrupted write"
             ),
             stacklevel=3,
         )
-    return lines, torn
+        return data[:end]
+    return data
+
+
+def _prefix(body: bytes, limit: int) -> bytes:
+    """The lines of `body` up to its `limit`-th message line, with the snapshots that follow it."""
+    pos = count = 0
+    while pos < len(body):
+        if body.startswith(MESSAGE_PREFIX, pos):
+            if count == limit:
+                break
+            count += 1
+        pos = body.index(b"\n", pos) + 1
+    return body[:pos]
 
 
 def _corrupt(path: Path, lineno: int, why: str) -> SessionCorruptError:
@@ -255,85 +267,67 @@ def _corrupt(path: Path, lineno: int, why: str) -> SessionCorruptError:
     )
 
 
-def _parse_messages(path: Path, lines: list[bytes], linenos: list[int]) -> list[dict[str, Any]]:
-    """All message lines parsed at once (one JSON array: much faster than line by line)."""
-    if not lines:
+def _records(path: Path, body: bytes) -> list[Any]:
+    """Every line parsed, in one `json.loads` of a JSON array (several times faster than line by
+    line; a line never holds a raw newline). On an error, the first bad line is named."""
+    if not body:
         return []
     try:
-        parsed = json.loads(b"[" + b",".join(lines) + b"]")
+        records = json.loads(b"[" + body[:-1].replace(b"\n", b",") + b"]")
     except (json.JSONDecodeError, UnicodeDecodeError):
-        for line, lineno in zip(lines, linenos, strict=True):
+        for i, line in enumerate(body[:-1].split(b"\n")):
             try:
                 json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise _corrupt(path, lineno, f"not valid JSON ({e})") from None
+                raise _corrupt(path, i + 1, f"not valid JSON ({e})") from None
         raise
-    assert isinstance(parsed, list) and len(parsed) == len(lines)
-    return parsed
+    assert isinstance(records, list) and len(records) == body.count(b"\n")
+    return records
 
 
 def read_log(path: Path, limit: int | None = None) -> LogContents:
     """The first `limit` messages of the log (all if None) and the environment state there."""
-    lines, torn = _split(path)
-    message_lines: list[bytes] = []
-    linenos: list[int] = []
-    snapshots: list[tuple[int, bytes, int]] = []  # (messages before it, line, line number)
-    for i, line in enumerate(lines):
-        if line.startswith(MESSAGE_PREFIX):
-            if limit is not None and len(message_lines) >= limit:
-                break
-            message_lines.append(line)
-            linenos.append(i + 1)
-        elif line.startswith(SNAPSHOT_PREFIX):
-            snapshots.append((len(message_lines), line, i + 1))
-        elif line.strip():
-            raise _corrupt(path, i + 1, "not a message or an environment snapshot")
-    dicts = _parse_messages(path, message_lines, linenos)
-
-    # positions only grow along the file, so the latest state is the last one in file order
+    body = _complete_lines(path)
+    if limit is not None:
+        body = _prefix(body, limit)
+    dicts: list[dict[str, Any]] = []
     env: dict[str, Any] | None = None
     env_at: int | None = None
-    env_line = 0
-    for idx, d in enumerate(dicts):
-        state = d.pop(ENV_KEY, None)
+    for i, record in enumerate(_records(path, body)):
+        if not isinstance(record, dict):
+            raise _corrupt(path, i + 1, "not a JSON object")
+        if "role" in record:
+            state = record.pop(ENV_KEY, None)
+            dicts.append(record)
+        elif ENV_KEY in record and len(record) == 1:
+            state = record[ENV_KEY]
+        else:
+            raise _corrupt(path, i + 1, "not a message or an environment snapshot")
         if state is not None:
-            env, env_at, env_line = state, idx + 1, linenos[idx]
-    if snapshots and snapshots[-1][2] > env_line:
-        at, line, lineno = snapshots[-1]
-        env, env_at = _snapshot_state(path, line, lineno), at
+            if not isinstance(state, dict):
+                raise _corrupt(path, i + 1, "an environment state that is not a JSON object")
+            env, env_at = state, len(dicts)  # positions only grow along the file
     try:
         messages = [Message.from_dict(d) for d in dicts]
     except (KeyError, TypeError, ValueError) as e:
         raise SessionCorruptError(
             f"{path}: a line is not a valid message ({e}); restore the file from a backup"
         ) from None
-    return LogContents(messages, env, env_at, torn)
-
-
-def _snapshot_state(path: Path, line: bytes, lineno: int) -> dict[str, Any]:
-    try:
-        state = json.loads(line)[ENV_KEY]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise _corrupt(path, lineno, f"not a valid environment snapshot ({e})") from None
-    if not isinstance(state, dict):
-        raise _corrupt(path, lineno, "an environment snapshot that is not a JSON object")
-    return state
+    return LogContents(messages, env, env_at)
 
 
 def latest_environment(path: Path) -> dict[str, Any] | None:
     """The last environment state in the log (None if it has none), parsing only that line."""
-    lines, _ = _split(path)
+    lines = _complete_lines(path).split(b"\n")[:-1]
     needle = f'"{ENV_KEY}":'.encode()
     for i in range(len(lines) - 1, -1, -1):
         line = lines[i]
         if needle not in line:
             continue
-        if line.startswith(SNAPSHOT_PREFIX):
-            return _snapshot_state(path, line, i + 1)
         try:
             state = json.loads(line).get(ENV_KEY)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise _corrupt(path, i + 1, f"not valid JSON ({e})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            raise _corrupt(path, i + 1, f"not a valid log line ({e})") from None
         if isinstance(state, dict):
             return state
     return None
@@ -341,5 +335,5 @@ def latest_environment(path: Path) -> dict[str, Any] | None:
 
 def count_messages(path: Path) -> int:
     """How many complete message lines the log holds (no JSON parsing)."""
-    lines, _ = _split(path)
-    return sum(1 for line in lines if line.startswith(MESSAGE_PREFIX))
+    body = _complete_lines(path)
+    return body.count(b"\n" + MESSAGE_PREFIX) + body.startswith(MESSAGE_PREFIX)

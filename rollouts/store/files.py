@@ -41,6 +41,7 @@ DEFAULT_SESSIONS_DIR = "~/.rollouts/sessions"
 _META = "session.json"
 _LOG = "messages.jsonl"
 _MAX_CHAIN = 10_000
+_PATH_CACHE = 4096
 
 
 def default_sessions_dir() -> Path:
@@ -57,12 +58,13 @@ class FileSessionStore:
     N-th message of a session (batching), and `update()` and `aclose()` fsync what is pending;
     0 leaves message fsyncs to `update()`/`aclose()` alone.
 
-    Trio: an append without fsync is done directly on the event loop (a few microseconds of
-    syscalls on the page cache, measured by `benchmarks/store.py`); an fsync (milliseconds) and
-    everything that reads or writes whole files run in a worker thread. If another writer holds
-    a session's lock, the append waits for it in a thread, never on the event loop. Appends are
-    atomic under cancellation: either the message is written or `trio.Cancelled` is raised
-    before anything was.
+    Trio: an append without fsync runs directly on the event loop: open, flock, write, close on
+    the page cache cost about 15 us, while a trip through `trio.to_thread.run_sync` costs 7-12x
+    that (`benchmarks/store.py` measures both). An fsync (0.5-3 ms) and whatever reads or
+    writes whole files (get, update, branch, list) run in a worker thread, so the event loop
+    keeps running. If another writer holds a session's lock, the append waits for it in a
+    thread, never on the event loop. Appends are atomic under cancellation: either the message
+    is written, or `trio.Cancelled` is raised before anything was.
 
     Files are private to the user (directories 0700, files 0600).
     """
@@ -73,6 +75,7 @@ class FileSessionStore:
         self.root = Path(root).expanduser() if root is not None else default_sessions_dir()
         self.fsync_every = fsync_every
         self._unsynced: dict[str, int] = {}
+        self._log_paths: dict[str, Path] = {}
 
     def __repr__(self) -> str:
         return f"FileSessionStore({str(self.root)!r}, fsync_every={self.fsync_every})"
@@ -108,7 +111,12 @@ class FileSessionStore:
         return self.root / check_session_id(session_id)
 
     def _log_path(self, session_id: str) -> Path:
-        return self._dir(session_id) / _LOG
+        path = self._log_paths.get(session_id)
+        if path is None:  # building paths costs more than the append's syscalls: keep them
+            if len(self._log_paths) >= _PATH_CACHE:
+                self._log_paths.clear()
+            path = self._log_paths[session_id] = self._dir(session_id) / _LOG
+        return path
 
     def _not_found(self, session_id: str) -> SessionNotFoundError:
         return SessionNotFoundError(
