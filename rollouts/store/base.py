@@ -120,6 +120,9 @@ class SessionStore(Protocol):
     `get` returns a session's metadata and its full history (a branch's parent prefix included).
     `append_message` may attach the environment's state after that message, so a resume or a
     branch at any point restores the environment exactly as it was there.
+
+    The agent loop uses `create`, `append_message`, `message_count` and `update`; the rest
+    serves people and tools (`rollouts sessions`, `resume_session`).
     """
 
     async def create(
