@@ -127,14 +127,13 @@ async def process_pending_tools(
         call = calls[idx]
         executed = False
         env = state.environment
-        if env is not None:
-            env = await clone_environment(env)
-            state = replace(state, environment=env)
         if state.stop is not None:
             result = _error_result(call, f"Not executed: the run stopped ({state.stop.value}).")
         elif env is None:
             result = _error_result(call, "This agent has no environment, so it has no tools to call.")
         else:
+            env = await clone_environment(env)
+            state = replace(state, environment=env)
             approved = True
             if env.requires_confirmation(call):
                 state, confirm = await rc.confirm_tool(call, state, rc)
