@@ -97,6 +97,17 @@ from rollouts.scorers import (
     numeric_match,
 )
 from rollouts.scoring import Metric, Sample, Score
+from rollouts.store import (
+    AgentSession,
+    FileSessionStore,
+    SessionCorruptError,
+    SessionError,
+    SessionNotFoundError,
+    SessionRecoveryWarning,
+    SessionStatus,
+    SessionStore,
+    resume_session,
+)
 
 __version__ = "0.1.0"
 
@@ -198,4 +209,14 @@ __all__ = [
     "check_environment",
     "compose",
     "tool",
+    # sessions (issue 5)
+    "AgentSession",
+    "FileSessionStore",
+    "SessionCorruptError",
+    "SessionError",
+    "SessionNotFoundError",
+    "SessionRecoveryWarning",
+    "SessionStatus",
+    "SessionStore",
+    "resume_session",
 ]

@@ -23,18 +23,19 @@ from rollouts.providers import get_provider_function
 from rollouts.providers._aggregate import MessageBuilder
 from rollouts.providers._clients import client_scope
 from rollouts.run_config import RunConfig
-from rollouts.store import SessionStatus
+from rollouts.store.base import SessionError, SessionStatus, SessionStore
 
 
 class _Tracker:
     """The latest state of a run in progress and the message being streamed, so an abort can
     return (and record) exactly what had happened."""
 
-    __slots__ = ("builder", "state")
+    __slots__ = ("aborted", "builder", "state")
 
     def __init__(self, state: AgentState) -> None:
         self.state = state
         self.builder: MessageBuilder | None = None
+        self.aborted: tuple[AgentState, Message | None] | None = None
 
 
 async def rollout(actor: Actor, on_chunk: OnChunk) -> Actor:
@@ -48,10 +49,20 @@ async def rollout(actor: Actor, on_chunk: OnChunk) -> Actor:
     return new_actor
 
 
-async def _record(rc: RunConfig, state: AgentState, messages: tuple[Message, ...]) -> None:
+async def _record(
+    rc: RunConfig,
+    state: AgentState,
+    messages: tuple[Message, ...],
+    environment_state: dict[str, Any] | None = None,
+) -> None:
+    """Append messages that are already part of `state` to its session. Shielded: a message the
+    state holds is always recorded, so the session and the state never disagree.
+    `environment_state` (the environment after the last message) goes with the last one."""
     if rc.session_store is not None and state.session_id is not None:
-        for m in messages:
-            await rc.session_store.append_message(state.session_id, m)
+        with trio.CancelScope(shield=True):
+            for i, m in enumerate(messages):
+                env = environment_state if i == len(messages) - 1 else None
+                await rc.session_store.append_message(state.session_id, m, environment_state=env)
 
 
 async def _record_added(rc: RunConfig, before: AgentState, after: AgentState) -> None:
@@ -103,23 +114,26 @@ async def process_pending_tools(
     state: AgentState, run_config: RunConfig, *, _tracker: _Tracker | None = None
 ) -> AgentState:
     """Run `state.pending_tool_calls[state.next_tool_idx:]` in order, appending one tool
-    message per call. Resumable: `next_tool_idx` advances after each recorded result."""
+    message per call. Resumable: `next_tool_idx` advances after each recorded result.
+
+    Each call runs on a fresh copy of the environment, so the state after call i (and the
+    environment state recorded with its result) never sees what an interrupted call i+1 did."""
     rc = run_config
     calls = state.pending_tool_calls
     assert state.next_tool_idx < len(calls), "process_pending_tools called with nothing pending"
-    env = state.environment
-    if env is not None:
-        env = await clone_environment(env)
-        state = replace(state, environment=env)
-    tools = {t.name: t for t in env.get_tools()} if env is not None else {}
+    recording = rc.session_store is not None and state.session_id is not None
+    tools = {t.name: t for t in state.environment.get_tools()} if state.environment is not None else {}
     for idx in range(state.next_tool_idx, len(calls)):
         call = calls[idx]
         executed = False
+        env = state.environment
         if state.stop is not None:
             result = _error_result(call, f"Not executed: the run stopped ({state.stop.value}).")
         elif env is None:
             result = _error_result(call, "This agent has no environment, so it has no tools to call.")
         else:
+            env = await clone_environment(env)
+            state = replace(state, environment=env)
             approved = True
             if env.requires_confirmation(call):
                 state, confirm = await rc.confirm_tool(call, state, rc)
@@ -137,18 +151,16 @@ async def process_pending_tools(
             details["result"] = dict(result.details)
         message = Message("tool", result.content, tool_call_id=call.id, timestamp=now_iso(), details=details)
         await rc.on_chunk(ToolResultReceived(call.id, call.name, result))
+        env_state = await env.serialize() if (recording and env is not None) else None
         state = replace(state.with_messages(message), next_tool_idx=idx + 1)
         if _tracker is not None:
             _tracker.state = state
-        await _record(rc, state, (message,))
+        await _record(rc, state, (message,), env_state)
         if result.is_error and executed:
             state = rc.handle_tool_error(result, state)
         if result.stop_reason is not None and state.stop is None:
             state = replace(state, stop=result.stop_reason)
-    state = replace(state, pending_tool_calls=(), next_tool_idx=0)
-    if rc.session_store is not None and state.session_id is not None and env is not None:
-        await rc.session_store.update(state.session_id, environment_state=await env.serialize())
-    return state
+    return replace(state, pending_tool_calls=(), next_tool_idx=0)
 
 
 async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: _Tracker | None = None) -> AgentState:
@@ -216,9 +228,33 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
     return replace(state, turn_idx=state.turn_idx + 1)
 
 
+async def _continue_session(state: AgentState, store: SessionStore) -> None:
+    """A resumed run: record the messages the state has beyond the session's (e.g. a new user
+    message), never those it already holds, and mark the session running."""
+    assert state.session_id is not None
+    stored = await store.message_count(state.session_id)
+    if len(state.messages) < stored:
+        raise SessionError(
+            f"the state has {len(state.messages)} messages but session {state.session_id} has {stored}: "
+            f"it is behind the session; continue from resume_session(store, {state.session_id!r})"
+        )
+    with trio.CancelScope(shield=True):
+        for m in state.messages[stored:]:
+            await store.append_message(state.session_id, m)
+    env = state.environment
+    await store.update(
+        state.session_id,
+        status=SessionStatus.RUNNING,
+        environment_state=await env.serialize() if env is not None else None,
+    )
+
+
 async def _start_session(state: AgentState, rc: RunConfig) -> AgentState:
     store = rc.session_store
-    if store is None or state.session_id is not None:
+    if store is None:
+        return state
+    if state.session_id is not None:
+        await _continue_session(state, store)
         return state
     env = state.environment
     session = await store.create(
@@ -228,6 +264,7 @@ async def _start_session(state: AgentState, rc: RunConfig) -> AgentState:
         parent_id=state.parent_session_id,
         branch_point=state.branch_point,
         tags=rc.session_tags,
+        status=SessionStatus.RUNNING,
     )
     state = replace(state, session_id=session.session_id)
     own = state.messages[state.branch_point :] if state.parent_session_id and state.branch_point else state.messages
@@ -253,12 +290,15 @@ async def _finish_session(rc: RunConfig, state: AgentState, status: SessionStatu
 
 
 def _aborted(tracker: _Tracker) -> tuple[AgentState, Message | None]:
-    """The state at the moment of an abort, with any partially streamed message appended."""
-    state = tracker.state
-    partial = tracker.builder.partial_message() if tracker.builder is not None else None
-    if partial is not None:
-        state = state.with_messages(partial)
-    return replace(state, stop=StopReason.ABORTED, error="the run was cancelled"), partial
+    """The state at the moment of an abort, with any partially streamed message appended (made
+    once, so the state returned and the message recorded are the same)."""
+    if tracker.aborted is None:
+        state = tracker.state
+        partial = tracker.builder.partial_message() if tracker.builder is not None else None
+        if partial is not None:
+            state = state.with_messages(partial)
+        tracker.aborted = (replace(state, stop=StopReason.ABORTED, error="the run was cancelled"), partial)
+    return tracker.aborted
 
 
 async def _run_loop(states: list[AgentState], rc: RunConfig, tracker: _Tracker) -> None:

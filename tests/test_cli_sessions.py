@@ -9,13 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pexpect
-import pytest
 from cli_support import FAKE_KEYS, cli_env, files_containing, run_cli
 
-store_module = pytest.importorskip("rollouts.store")
-if not hasattr(store_module, "FileSessionStore"):
-    pytest.skip("FileSessionStore has not landed", allow_module_level=True)
-FileSessionStore = store_module.FileSessionStore
+from rollouts.store import FileSessionStore
 
 _SESSION = re.compile(r"session (\S+)  \(continue")
 

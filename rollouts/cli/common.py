@@ -17,9 +17,7 @@ import trio
 from rollouts.config import BaseModelConfig, RolloutsConfig, load_config, resolve_model
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ConfigurationError, RolloutsError
-
-SESSIONS_DIR_ENV = "ROLLOUTS_SESSIONS_DIR"
-DEFAULT_SESSIONS_DIR = "~/.rollouts/sessions"
+from rollouts.store.files import DEFAULT_SESSIONS_DIR, SESSIONS_DIR_ENV
 
 ENVIRONMENTS: dict[str, str] = {
     "basic": "rollouts.environments.basic:BasicEnvironment",
@@ -127,17 +125,9 @@ def sessions_dir(args: argparse.Namespace, config: RolloutsConfig) -> Path:
 
 def open_session_store(root: Path) -> Any:
     """The FileSessionStore at `root`."""
-    try:
-        from rollouts.store import FileSessionStore  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        raise CLIError(
-            "the session store is not available in this installation (rollouts.store.FileSessionStore); "
-            "run with --no-session"
-        ) from None
-    try:
-        return FileSessionStore(root)
-    except TypeError:
-        return FileSessionStore(root=root)
+    from rollouts.store import FileSessionStore
+
+    return FileSessionStore(root)
 
 
 def _import_attr(target: str) -> Any:

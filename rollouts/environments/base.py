@@ -1,13 +1,13 @@
 """The Environment protocol: the tools an agent can call, with state that serializes.
 
 An environment is a class with state. The agent loop calls `get_tools()` before each model call
-and `exec_tool()` for each tool call. Before a turn's tools run, the loop makes a fresh copy
+and `exec_tool()` for each tool call. Before each tool call, the loop makes a fresh copy
 (`deserialize(serialize())`), so earlier `AgentState`s keep the environment they had.
 
 Contract:
 * `serialize()` captures everything needed to continue (JSON-safe dict, no secrets);
   `deserialize(data)` is a classmethod that rebuilds an equal environment. It is called when a
-  run resumes from a session and before each turn's tool calls.
+  run resumes from a session and before each tool call.
 * `exec_tool()` returns a `ToolResult`; a problem the model should see (bad input, a failing
   command) is a `ToolResult(is_error=True)`. An exception raised by a tool is also turned into
   an error result by the loop, but raising is for bugs, not for expected failures.

@@ -1,0 +1,338 @@
+"""FileSessionStore on real files: exact histories through branches, environment states at
+branch points, listing, metadata, errors that name the fix, torn lines, fsync policy, no keys."""
+
+# ruff: noqa: ASYNC240  (the tests look at the files on disk directly)
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import trio
+
+from rollouts import Endpoint, ImageContent, Message, TextContent, ThinkingContent, ToolCallContent, Usage
+from rollouts.store import (
+    AgentSession,
+    FileSessionStore,
+    SessionCorruptError,
+    SessionError,
+    SessionNotFoundError,
+    SessionRecoveryWarning,
+    SessionStatus,
+    SessionStore,
+    new_session_id,
+)
+
+SECRET = "sk-live-DO-NOT-STORE-0123456789abcdef"
+EP = Endpoint("anthropic", "claude-sonnet-4-5", api_key=SECRET, thinking={"budget_tokens": 1024})
+
+
+def _conversation(n: int, tag: str = "") -> list[Message]:
+    """n messages of every kind (text, thinking, tool calls, tool results, images, usage)."""
+    out: list[Message] = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            out.append(Message("user", f"{tag}question {i} ünïcødé \n newline", timestamp=f"t{i}"))
+        elif kind == 1:
+            out.append(
+                Message(
+                    "assistant",
+                    (
+                        ThinkingContent(f"{tag}think {i}", signature="sig"),
+                        TextContent(f"{tag}answer {i}"),
+                        ToolCallContent(f"call_{tag}{i}", "add", {"value": i}),
+                    ),
+                    provider="anthropic",
+                    model="claude-sonnet-4-5",
+                    usage=Usage(10, 5, cost_usd=0.001),
+                    details={"finish_reason": "tool_use"},
+                )
+            )
+        elif kind == 2:
+            out.append(
+                Message("tool", f"{tag}result {i}", tool_call_id=f"call_{tag}{i - 1}", details={"tool_name": "add"})
+            )
+        else:
+            out.append(Message("user", (TextContent(f"{tag}look {i}"), ImageContent(url="https://x.test/a.png"))))
+    return out
+
+
+async def _session_with(store: FileSessionStore, messages: list[Message], **kw: object) -> AgentSession:
+    session = await store.create(endpoint=EP, **kw)  # type: ignore[arg-type]
+    for m in messages:
+        await store.append_message(session.session_id, m)
+    return session
+
+
+async def test_branches_at_several_points_read_back_exact_histories(tmp_path: Path) -> None:
+    store = FileSessionStore(tmp_path)
+    root_msgs = _conversation(9)
+    root = await _session_with(store, root_msgs)
+    _, got = await store.get(root.session_id)
+    assert list(got) == root_msgs
+
+    for at in (0, 1, 4, 9):
+        branch = await store.branch(root.session_id, at, tags={"at": str(at)})
+        assert branch.parent_id == root.session_id and branch.branch_point == at
+        own = _conversation(3, tag=f"b{at}-")
+        for m in own:
+            await store.append_message(branch.session_id, m)
+        session, history = await store.get(branch.session_id)
+        assert list(history) == root_msgs[:at] + own
+        assert session.tags == {"at": str(at)}
+        assert await store.message_count(branch.session_id) == at + 3
+        # the branch stores only its own messages
+        lines = (tmp_path / branch.session_id / "messages.jsonl").read_text().splitlines()
+        assert len(lines) == 3
+    # the parent is untouched
+    assert list((await store.get(root.session_id))[1]) == root_msgs
+    children = await store.list_children(root.session_id)
+    assert [c.branch_point for c in children] == [0, 1, 4, 9]  # oldest first
+
+
+async def test_branch_of_a_branch_of_a_branch(tmp_path: Path) -> None:
+    store = FileSessionStore(tmp_path)
+    a_msgs = _conversation(6, "a")
+    a = await _session_with(store, a_msgs)
+    b = await store.branch(a.session_id, 4)
+    b_own = _conversation(4, "b")
+    for m in b_own:
+        await store.append_message(b.session_id, m)
+    c = await store.branch(b.session_id, 6)  # 4 from a, 2 of b's own
+    c_own = _conversation(2, "c")
+    for m in c_own:
+        await store.append_message(c.session_id, m)
+    d = await store.branch(c.session_id, 3)  # before c's (and b's) branch point: 3 of a's
+    d_own = _conversation(1, "d")
+    await store.append_message(d.session_id, d_own[0])
+
+    assert list((await store.get(b.session_id))[1]) == a_msgs[:4] + b_own
+    assert list((await store.get(c.session_id))[1]) == a_msgs[:4] + b_own[:2] + c_own
+    assert list((await store.get(d.session_id))[1]) == a_msgs[:3] + d_own
+    assert await store.messages(c.session_id, limit=5) == a_msgs[:4] + b_own[:1]
+    assert [s.session_id for s in await store.list_children(b.session_id)] == [c.session_id]
+    assert await store.list_children(d.session_id) == []
+    # nothing was copied: each log holds only its own lines
+    for s, n in ((a, 6), (b, 4), (c, 2), (d, 1)):
+        assert len((tmp_path / s.session_id / "messages.jsonl").read_bytes().splitlines()) == n
+
+
+async def test_environment_state_follows_the_position_in_the_log(tmp_path: Path) -> None:
+    store = FileSessionStore(tmp_path)
+    s = await store.create(endpoint=EP, environment_type="m:Env", environment_state={"v": 0})
+    for i in range(6):
+        env = {"v": i + 1} if i in (1, 3) else None  # states after messages 2 and 4
+        await store.append_message(s.session_id, Message("user", f"m{i}"), environment_state=env)
+    assert (await store.get(s.session_id))[0].environment_state == {"v": 4}
+    expected = {0: 0, 1: 0, 2: 2, 3: 2, 4: 4, 6: 4}
+    for at, v in expected.items():
+        branch = await store.branch(s.session_id, at)
+        assert branch.environment_state == {"v": v}, at
+        assert branch.environment_type == "m:Env"
+        assert (await store.get(branch.session_id))[0].environment_state == {"v": v}
+    # a snapshot written by update() counts from its position; update reports the latest state
+    updated = await store.update(s.session_id, environment_state={"v": 99})
+    assert updated.environment_state == {"v": 99}
+    assert (await store.branch(s.session_id, 6)).environment_state == {"v": 99}
+    assert (await store.branch(s.session_id, 5)).environment_state == {"v": 4}
+    await store.append_message(s.session_id, Message("user", "m6"))
+    again = await store.update(s.session_id, status=SessionStatus.COMPLETED)
+    assert again.environment_state == {"v": 99} and again.status == "completed"
+
+
+async def test_metadata_updates_are_atomic_and_merge_tags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FileSessionStore(tmp_path)
+    s = await store.create(endpoint=EP, tags={"a": "1"})
+    assert s.status == SessionStatus.PENDING and s.created_at == s.updated_at
+    u = await store.update(s.session_id, status=SessionStatus.RUNNING, tags={"b": "2"}, reward={"acc": 1.0})
+    assert u.tags == {"a": "1", "b": "2"} and u.reward == {"acc": 1.0} and u.updated_at > s.updated_at
+    assert (await store.get(s.session_id))[0] == u
+    meta = tmp_path / s.session_id / "session.json"
+    before = meta.read_bytes()
+
+    def crash(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="No space"):
+        await store.update(s.session_id, status=SessionStatus.FAILED)
+    monkeypatch.undo()
+    assert meta.read_bytes() == before  # the old metadata, whole
+    assert sorted(p.name for p in meta.parent.iterdir()) == ["messages.jsonl", "session.json"]  # no temp file
+
+
+async def test_list_filters_orders_and_limits(tmp_path: Path) -> None:
+    store = FileSessionStore(tmp_path)
+    made = []
+    for i in range(6):
+        s = await store.create(endpoint=EP, tags={"group": "even" if i % 2 == 0 else "odd", "i": str(i)})
+        if i in (1, 2):
+            await store.update(s.session_id, status=SessionStatus.COMPLETED)
+        made.append(s.session_id)
+    newest_first = made[::-1]
+    assert [s.session_id for s in await store.list()] == newest_first
+    assert [s.session_id for s in await store.list(limit=2)] == newest_first[:2]
+    assert [s.session_id for s in await store.list(tags={"group": "even"})] == [made[4], made[2], made[0]]
+    assert [s.session_id for s in await store.list(tags={"group": "even", "i": "2"})] == [made[2]]
+    assert [s.session_id for s in await store.list(status=SessionStatus.COMPLETED)] == [made[2], made[1]]
+    pending = await store.list(status=[SessionStatus.PENDING, SessionStatus.COMPLETED], tags={"group": "odd"}, limit=2)
+    assert [s.session_id for s in pending] == [made[5], made[3]]
+    assert await store.list(tags={"group": "none"}) == []
+    assert await FileSessionStore(tmp_path / "absent").list() == []
+
+    # a damaged session is skipped (and reported), never breaking the listing
+    (tmp_path / made[3] / "session.json").write_text("{not json")
+    (tmp_path / "not-a-session.txt").write_text("x")
+    with pytest.warns(SessionRecoveryWarning, match=made[3]):
+        listed = await store.list()
+    assert [s.session_id for s in listed] == [m for m in newest_first if m != made[3]]
+
+
+def test_ids_sort_by_creation_time_and_are_unique() -> None:
+    ids = [new_session_id() for _ in range(5000)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
+
+
+async def test_concurrent_creates_in_one_process_get_distinct_sessions(tmp_path: Path) -> None:
+    store = FileSessionStore(tmp_path)
+    made: list[str] = []
+
+    async def make() -> None:
+        made.append((await store.create(endpoint=EP)).session_id)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(40):
+            nursery.start_soon(make)
+    assert len(set(made)) == 40
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(made)
+
+
+async def test_user_errors_name_the_session_and_the_fix(tmp_path: Path) -> None:
+    store = FileSessionStore(tmp_path)
+    with pytest.raises(SessionNotFoundError, match=r"no session 'nope' in .*rollouts sessions list"):
+        await store.get("nope")
+    for bad in ("../etc", "a/b", "", ".hidden"):
+        with pytest.raises(SessionNotFoundError, match="is not a session id"):
+            await store.get(bad)
+    with pytest.raises(SessionNotFoundError):
+        await store.append_message("nope", Message("user", "x"))
+    with pytest.raises(SessionNotFoundError):
+        await store.update("nope", status=SessionStatus.FAILED)
+    with pytest.raises(SessionNotFoundError):
+        await store.branch("nope", 0)
+    with pytest.raises(SessionNotFoundError):
+        await store.list_children("nope")
+
+    s = await _session_with(store, _conversation(3))
+    for at in (-1, 4, 100):
+        with pytest.raises(SessionError, match=r"at message -?\d+: it has 3 messages \(use 0\.\.3\)"):
+            await store.branch(s.session_id, at)
+    with pytest.raises(SessionError, match="it has 3 messages"):
+        await store.create(endpoint=EP, parent_id=s.session_id, branch_point=7)
+    with pytest.raises(ValueError, match="both parent_id and branch_point"):
+        await store.create(endpoint=EP, parent_id=s.session_id)
+    with pytest.raises(ValueError, match="fsync_every"):
+        FileSessionStore(tmp_path, fsync_every=-1)
+
+    meta = tmp_path / s.session_id / "session.json"
+    meta.write_text('{"session_id": ')
+    with pytest.raises(SessionCorruptError, match=r"session\.json is not valid JSON .* restore it from a backup"):
+        await store.get(s.session_id)
+    meta.write_text(json.dumps({"session_id": s.session_id}))
+    with pytest.raises(SessionCorruptError, match="not valid session metadata"):
+        await store.get(s.session_id)
+
+
+async def test_a_torn_last_line_is_skipped_reported_and_cut_before_the_next_append(tmp_path: Path) -> None:
+    store = FileSessionStore(tmp_path)
+    msgs = _conversation(5)
+    s = await _session_with(store, msgs)
+    log = tmp_path / s.session_id / "messages.jsonl"
+    whole = log.read_bytes()
+    torn = json.dumps(Message("user", "never acknowledged").to_dict()).encode()[:17]
+    log.write_bytes(whole + torn)
+
+    with pytest.warns(SessionRecoveryWarning, match=r"ignored an incomplete last line \(17 bytes\)"):
+        _, got = await store.get(s.session_id)
+    assert list(got) == msgs
+    with pytest.warns(SessionRecoveryWarning):
+        assert await store.message_count(s.session_id) == 5
+
+    with pytest.warns(SessionRecoveryWarning, match=r"removed an incomplete last line \(17 bytes\)"):
+        await store.append_message(s.session_id, Message("user", "after the crash"))
+    assert log.read_bytes().startswith(whole) and not log.read_bytes()[len(whole) :].startswith(torn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # clean again: no warning
+        _, got = await store.get(s.session_id)
+    assert [m.text for m in got][-2:] == [msgs[-1].text, "after the crash"]
+
+    # damage in the middle is not a crash: it is reported with the line number, not skipped
+    lines = log.read_bytes().split(b"\n")
+    lines[2] = b'{"role": "user", "content": "x"'
+    log.write_bytes(b"\n".join(lines))
+    with pytest.raises(SessionCorruptError, match=r"messages\.jsonl:3: not valid JSON"):
+        await store.get(s.session_id)
+
+
+async def test_fsync_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("messages.jsonl"):
+            synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    for every, expected_appends, expected_close in ((1, 7, 0), (3, 2, 1), (0, 0, 1)):
+        async with FileSessionStore(tmp_path, fsync_every=every) as store:
+            s = await store.create(endpoint=EP)
+            synced.clear()
+            for i in range(7):
+                await store.append_message(s.session_id, Message("user", str(i)))
+            assert len(synced) == expected_appends, every
+            synced.clear()
+        assert len(synced) == expected_close, every  # aclose() syncs what is pending
+        assert len((await store.get(s.session_id))[1]) == 7
+
+
+async def test_an_append_is_all_or_nothing_under_cancellation(tmp_path: Path) -> None:
+    for every in (0, 1):
+        store = FileSessionStore(tmp_path, fsync_every=every)
+        s = await store.create(endpoint=EP)
+        with trio.CancelScope() as cs:
+            cs.cancel()
+            await store.append_message(s.session_id, Message("user", "never"))
+        assert cs.cancelled_caught
+        assert (tmp_path / s.session_id / "messages.jsonl").read_bytes() == b""
+        with trio.CancelScope() as cs:
+            await store.append_message(s.session_id, Message("user", "written"))
+            cs.cancel()  # cancelled after the write: the message stays
+        assert [m.text for m in (await store.get(s.session_id))[1]] == ["written"]
+
+
+async def test_no_key_in_any_file_and_the_protocol_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FileSessionStore(tmp_path)
+    assert isinstance(store, SessionStore)
+    s = await _session_with(store, _conversation(4), environment_type="m:E", environment_state={"k": 1})
+    b = await store.branch(s.session_id, 2)
+    await store.update(b.session_id, status=SessionStatus.COMPLETED, environment_state={"k": 2}, tags={"x": "y"})
+    assert "api_key" not in s.to_dict()["endpoint"]
+    assert s.endpoint.api_key == SECRET  # the object we passed in; the files never see it
+    got, _ = await store.get(s.session_id)
+    assert got.endpoint.api_key == "" and got.endpoint.thinking == {"budget_tokens": 1024}
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(files) == 4
+    assert all(SECRET.encode() not in p.read_bytes() for p in files)
+    assert all(p.stat().st_mode & 0o077 == 0 for p in files)  # private to the user
+
+    monkeypatch.setenv("ROLLOUTS_SESSIONS_DIR", str(tmp_path / "from-env"))
+    assert FileSessionStore().root == tmp_path / "from-env"
+    assert FileSessionStore(tmp_path / "explicit").root == tmp_path / "explicit"
+    monkeypatch.delenv("ROLLOUTS_SESSIONS_DIR")
+    assert FileSessionStore().root == Path("~/.rollouts/sessions").expanduser()
