@@ -113,14 +113,14 @@ class _RolloutLog:
 
     def __init__(self, path: Path) -> None:
         self._log = JsonlLog(path)
-        self._done: dict[tuple[str, int], dict[str, Any]] = {}
+        self._done: dict[tuple[str, int, str], dict[str, Any]] = {}
         for rec in self._log:
             if rec.get("sample", {}).get("status") == "completed":
-                self._done[(rec["eval"], rec["pos"])] = rec
+                self._done[(rec["eval"], rec["pos"], rec["candidate"])] = rec
 
     def reusable(self, eval_id: str, pos: int, cand: str, row: Row) -> Sample | None:
-        rec = self._done.get((eval_id, pos))
-        if rec is None or rec.get("candidate") != cand:
+        rec = self._done.get((eval_id, pos, cand))
+        if rec is None:
             return None
         sample = Sample.from_dict(rec["sample"])
         try:
@@ -192,12 +192,21 @@ class RolloutsAdapter:
         return cfg
 
     async def check_candidate(self, candidate: Candidate, row: Row) -> None:
-        """Raise ConfigurationError now if `candidate` cannot be applied to `row` (e.g. a
-        component no message uses), instead of failing every sample later."""
+        """Raise ConfigurationError now if `candidate` cannot be applied to `row` (a component
+        no message uses, a tool the environment lacks), instead of failing every sample later."""
         cfg = self.config_for(candidate)
         out = cfg.prepare_messages(row)
         if hasattr(out, "__await__"):
             await out
+        if self.apply is None and split_components(candidate, self.system_component)[2]:
+            assert cfg.environment_factory is not None
+            env = cfg.environment_factory(row)  # (candidate_environment_factory takes the row)
+            if hasattr(env, "__await__"):
+                env = await env
+            close = getattr(env, "aclose", None)
+            if close is not None:
+                with trio.CancelScope(shield=True):
+                    await close()
 
     def _shared_limiters(self) -> tuple[trio.CapacityLimiter, trio.CapacityLimiter]:
         # Shared by every evaluation of the run (several may be in flight), so the config's
