@@ -18,6 +18,7 @@ samples from the log instead of calling the model again.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -200,9 +201,8 @@ class RolloutsAdapter:
             await out
         if self.apply is None and split_components(candidate, self.system_component)[2]:
             assert cfg.environment_factory is not None
-            env = cfg.environment_factory(row)  # (candidate_environment_factory takes the row)
-            if hasattr(env, "__await__"):
-                env = await env
+            made = cfg.environment_factory(row)  # (candidate_environment_factory takes the row)
+            env = await made if inspect.isawaitable(made) else made
             close = getattr(env, "aclose", None)
             if close is not None:
                 with trio.CancelScope(shield=True):
