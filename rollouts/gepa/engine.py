@@ -212,6 +212,8 @@ class GEPAEngine:
         self._live_calls = 0  # evaluations finished but not yet committed
         self._inflight: deque[tuple[ProposalSpec, _Slot]] = deque()
         self._nursery: trio.Nursery | None = None
+        self._saves = 0
+        self._save_lock = trio.Lock()
         self._started = time.monotonic()
 
     # ---- budget -------------------------------------------------------------------------------
@@ -278,13 +280,24 @@ class GEPAEngine:
         self.state = GEPAState(valset_size=len(self.valset), seed=self.config.seed, rng=random.Random(self.config.seed))
         self.state.fingerprint = dict(self.fingerprint)
 
-    async def _checkpoint(self) -> None:
+    def _checkpoint(self) -> None:
+        """Save the state as it is now, in the background: the run goes on while the file is
+        written, writes happen in order, and one overtaken by a newer state is skipped. (A crash
+        before the latest write resumes from an earlier checkpoint; the logs make that exact.)"""
         if self.run_dir is None:
             return
-        data = self.state.to_dict()
-        with trio.CancelScope(shield=True):  # a checkpoint is written whole or not at all
-            await save_state(self.run_dir, data)
-        await self._emit("checkpoint", str(self.run_dir / "state.json"))
+        self._saves += 1
+        assert self._nursery is not None
+        self._nursery.start_soon(self._save, self._saves, self.state.to_dict())
+
+    async def _save(self, number: int, data: dict[str, Any]) -> None:
+        assert self.run_dir is not None
+        async with self._save_lock:
+            if number < self._saves:
+                return  # a newer state is waiting to be written
+            with trio.CancelScope(shield=True):  # a checkpoint is written whole or not at all
+                await save_state(self.run_dir, data)
+        await self._emit("checkpoint", str(self.run_dir / "state.json"), iteration=data["iteration"])
 
     # ---- validation evaluations ---------------------------------------------------------------
 
@@ -586,7 +599,7 @@ class GEPAEngine:
             self._nursery = nursery
             if not s.candidates:
                 await self._evaluate_seed()
-                await self._checkpoint()
+                self._checkpoint()
             else:
                 for spec in s.pending:  # planned before the checkpoint we resumed from
                     self._start(spec)
@@ -610,7 +623,7 @@ class GEPAEngine:
                 await slot.done.wait()
                 assert slot.outcome is not None
                 await self._commit(spec, slot.outcome)
-                await self._checkpoint()
+                self._checkpoint()
             self._nursery = None
         assert stop is not None
         return stop

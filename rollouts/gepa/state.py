@@ -7,6 +7,7 @@ stopped.
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -178,15 +179,15 @@ class GEPAState:
             "version": STATE_VERSION,
             "valset_size": self.valset_size,
             "seed": self.seed,
-            "fingerprint": self.fingerprint,
+            "fingerprint": copy.deepcopy(self.fingerprint),
             "candidates": [c.to_dict() for c in self.candidates],
             "history": [h.to_dict() for h in self.history],
             "iteration": self.iteration,
             "metric_calls": self.metric_calls,
             "reserved": self.reserved,
             "rng": _rng_state_to_json(self.rng.getstate()),
-            "sampler": self.sampler,
-            "component_cursor": self.component_cursor,
+            "sampler": copy.deepcopy(self.sampler),
+            "component_cursor": list(self.component_cursor),
             "merges_due": self.merges_due,
             "merges_tried": self.merges_tried,
             "merge_triples": sorted(list(t) for t in self.merge_triples),
@@ -194,7 +195,7 @@ class GEPAState:
             "last_improvement": self.last_improvement,
             "reflection_failures": self.reflection_failures,
             "pending": [p.to_dict() for p in self.pending],
-            "carry": self.carry,
+            "carry": copy.deepcopy(self.carry),
             "speculation_calls": self.speculation_calls,
         }
 
