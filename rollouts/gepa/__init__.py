@@ -7,7 +7,8 @@ evaluations and exact resume. Start with `optimize()`; see rollouts.gepa.engine 
 """
 
 from rollouts.gepa.adapter import Candidate, EvaluationBatch, GEPAAdapter, ReflectiveDataset
-from rollouts.gepa.engine import GEPAConfig, GEPAEngine
+from rollouts.gepa.config import GEPAConfig
+from rollouts.gepa.engine import GEPAEngine
 from rollouts.gepa.events import GEPACallback, GEPAEvent, ProgressPrinter
 from rollouts.gepa.frontier import ParetoFront, front_frequencies, remove_dominated
 from rollouts.gepa.optimize import optimize

@@ -28,7 +28,8 @@ from rollouts.errors import ConfigurationError
 from rollouts.eval_config import EvalConfig
 from rollouts.gepa.adapter import GEPAAdapter
 from rollouts.gepa.checkpoint import ROLLOUTS_FILE, write_result_files
-from rollouts.gepa.engine import GEPAConfig, GEPAEngine
+from rollouts.gepa.config import GEPAConfig
+from rollouts.gepa.engine import GEPAEngine
 from rollouts.gepa.events import GEPACallback, ProgressPrinter
 from rollouts.gepa.result import GEPAResult
 from rollouts.gepa.rollouts_adapter import RolloutsAdapter
