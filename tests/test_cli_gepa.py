@@ -136,3 +136,30 @@ def test_gepa_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_path: 
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming in killed" in resumed.stderr
     assert _result(tmp_path / "killed") == _result(tmp_path / "whole")
+
+
+def test_gepa_ctrl_c_keeps_the_best_so_far_and_resumes(tmp_path: Path) -> None:
+    _setup(tmp_path)
+    env = cli_env(tmp_path, TAGS_LATENCY="0.03")
+    proc = subprocess.Popen(
+        [*CLI, *ARGS, "--output", "run"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    state = tmp_path / "run" / "state.json"
+    deadline = time.monotonic() + 60
+    while not state.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "^C stopping" in err and "stopped: cancelled" in out
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["stop_reason"] == "cancelled"
+    resumed = run_cli(*ARGS, "--output", "run", "--no-progress", tmp=tmp_path, env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    whole = run_cli(*ARGS, "--output", "whole", "--no-progress", tmp=tmp_path)
+    assert whole.returncode == 0, whole.stderr
+    assert _result(tmp_path / "run") == _result(tmp_path / "whole")

@@ -21,6 +21,7 @@ import trio
 from rollouts.cli.common import (
     CLIError,
     HelpFormatter,
+    RedactingStream,
     add_env_args,
     add_model_args,
     environment_class,
@@ -29,6 +30,7 @@ from rollouts.cli.common import (
     make_environment,
     model_config_from_args,
     read_system_prompt,
+    secret_values,
 )
 from rollouts.cli.eval import _load_dataset, _resolve_scorer, _results_root, _slug
 from rollouts.config import resolve_model
@@ -158,6 +160,10 @@ def main(args: argparse.Namespace) -> int:
     from rollouts.evaluation import EvalConfig, default_prepare_messages
     from rollouts.gepa.checkpoint import STATE_FILE
 
+    if args.reflection_api_key_env:  # its key is scrubbed from the output like the task model's
+        secrets = secret_values((args.reflection_api_key_env,))
+        sys.stdout = RedactingStream(sys.stdout, secrets)  # type: ignore[assignment]
+        sys.stderr = RedactingStream(sys.stderr, secrets)  # type: ignore[assignment]
     config = get_config()
     if not args.reflection_model:
         raise CLIError("give the reflection model: --reflection-model PROVIDER/MODEL (it proposes the new prompts)")

@@ -26,7 +26,6 @@ Outcome = Literal[
     "skipped_perfect",  # the parent was already perfect on the minibatch: nothing to learn
     "unchanged",  # the proposal equals its parent or an earlier candidate: not evaluated again
     "reflection_failed",  # the reflection call failed or its answer had no usable text
-    "no_merge",  # a merge was due but no pair of frontier candidates could be merged
 ]
 
 
