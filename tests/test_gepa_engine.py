@@ -373,3 +373,16 @@ async def test_events_and_progress(capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err
     assert "[gepa] it   1" in err and "seed valset 0.000" in err and "[gepa] done:" in err
     assert isinstance(ProgressPrinter(), ProgressPrinter)
+
+
+async def test_dropped_speculation_is_counted_and_changes_nothing_else() -> None:
+    # With one tag per prompt, candidates trade off and the selection often picks an older one.
+    task = TagTask(max_tags=1)
+    r = await _run(task, max_metric_calls=100, seed=0)
+    dropped = [h for h in r.history if "was dropped (the selection chose" in h.message]
+    assert dropped and r.speculation_calls == 3 * len(dropped)
+    assert r.metric_calls == task.task_calls <= 100
+    assert GEPAResult.from_json(r.to_json()).speculation_calls == r.speculation_calls
+    plain = TagTask(max_tags=1)
+    r2 = await _run(plain, max_metric_calls=100, seed=0, config=GEPAConfig(speculative=False))
+    assert r2.speculation_calls == 0 and r2.metric_calls == plain.task_calls

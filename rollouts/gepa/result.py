@@ -164,7 +164,9 @@ class GEPAResult:
     instance used, never more than `max_metric_calls`. stop_reason: why the run ended
     ("budget", "max_iterations", "score_threshold", "no_improvement", "stop_file", "timeout",
     "cancelled", "reflection_failed", ...). pareto_front: per validation instance, the
-    candidates with the best score on it. history: one record per iteration."""
+    candidates with the best score on it. history: one record per iteration.
+    speculation_calls: the part of `metric_calls` spent on iterations started early on a new
+    candidate and then dropped because the selection chose another parent."""
 
     candidates: tuple[CandidateRecord, ...]
     best_idx: int
@@ -177,6 +179,7 @@ class GEPAResult:
     history: tuple[IterationRecord, ...] = ()
     seed: int = 0
     run_dir: str | None = None
+    speculation_calls: int = 0
 
     @property
     def best(self) -> CandidateRecord:
@@ -254,6 +257,7 @@ class GEPAResult:
             "valset_size": self.valset_size,
             "seed": self.seed,
             "run_dir": self.run_dir,
+            "speculation_calls": self.speculation_calls,
             "candidates": [c.to_dict() for c in self.candidates],
             "pareto_front": [list(f) for f in self.pareto_front],
             "history": [h.to_dict() for h in self.history],
@@ -273,6 +277,7 @@ class GEPAResult:
             history=tuple(IterationRecord.from_dict(h) for h in d.get("history", ())),
             seed=d.get("seed", 0),
             run_dir=d.get("run_dir"),
+            speculation_calls=d.get("speculation_calls", 0),
         )
 
     def to_json(self, indent: int | None = None) -> str:

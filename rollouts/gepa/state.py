@@ -172,6 +172,7 @@ class GEPAState:
             history=tuple(self.history),
             seed=self.seed,
             run_dir=run_dir,
+            speculation_calls=self.speculation_calls,
         )
 
     def to_dict(self) -> dict[str, Any]:
