@@ -15,8 +15,14 @@ validation evaluation that would cross the limit is cut to the instances the bud
 (the candidate is then `complete=False`, and the run ends).
 
 Concurrency. Every evaluation runs all its instances at once through the adapter (under the
-task's limits), the components of one proposal are reflected on concurrently, and with
-`proposals_in_flight > 1` several proposals overlap.
+task's limits), and the components of one proposal are reflected on concurrently. Speculation
+(on by default) overlaps consecutive iterations without giving up the selection rule: when a
+child is accepted (or the seed evaluated), the next iteration is planned on it and started
+(parent minibatch evaluation, reflection) while it is evaluated on the validation set; then the
+candidate selector decides as always. If it picks the new candidate the iteration goes on (its
+child evaluation waits for that decision); otherwise it is dropped, its minibatch evaluation is
+counted as spent, and the chosen parent gets the same minibatch. With `proposals_in_flight > 1`
+several iterations overlap instead, each planned without the results of the previous ones.
 """
 
 from __future__ import annotations

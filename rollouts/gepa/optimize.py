@@ -114,8 +114,9 @@ async def optimize(
     `cancel_scope` end it at once. Every way returns the best candidate so far.
 
     Search settings default to `config` (a GEPAConfig), else to GEPAConfig's defaults: minibatch
-    3, Pareto candidate selection, round-robin components, no merge, seed 0, one proposal in
-    flight.
+    3, Pareto candidate selection, round-robin components, no merge, seed 0, one iteration after
+    another with speculation (the next iteration starts on an accepted child while it is scored
+    on the validation set; see rollouts.gepa.engine).
 
     With `run_dir`, the state is checkpointed after every iteration and every rollout and
     reflection is logged; calling optimize() again with the same arguments resumes and ends
