@@ -228,7 +228,7 @@ async def main() -> None:
 
     # 4. concurrency with simulated latency
     lat, arith_l, wall_l = None, None, float("inf")
-    for _ in range(3):
+    for _ in range(5):  # the best of 5: the machine is shared
         res_l, a_l, w_l = await run_once(rules, task_latency=0.005, reflect_latency=0.020, proposals_in_flight=w)
         if w_l < wall_l:
             lat, arith_l, wall_l = res_l, a_l, w_l
