@@ -2,7 +2,8 @@
 
 Frozen state flows through `run_agent()` -> `run_agent_step()` -> `rollout()` +
 `process_pending_tools()`; every step returns a new state. Providers stream granular events;
-environments provide tools; `evaluate()` scores datasets; sessions persist every message.
+environments provide tools; `evaluate()` scores datasets; `optimize()` evolves prompts with GEPA;
+sessions persist every message.
 """
 
 from rollouts.agents import process_pending_tools, rollout, run_agent, run_agent_step
@@ -69,6 +70,7 @@ from rollouts.events import (
     ToolExecutionStart,
     ToolResultReceived,
 )
+from rollouts.gepa import GEPAAdapter, GEPAConfig, GEPAResult, RolloutsAdapter, optimize
 from rollouts.handlers import (
     ToolConfirmResult,
     compose_handlers,
@@ -209,7 +211,7 @@ __all__ = [
     "check_environment",
     "compose",
     "tool",
-    # sessions (issue 5)
+    # sessions
     "AgentSession",
     "FileSessionStore",
     "SessionCorruptError",
@@ -219,4 +221,10 @@ __all__ = [
     "SessionStatus",
     "SessionStore",
     "resume_session",
+    # GEPA
+    "GEPAAdapter",
+    "GEPAConfig",
+    "GEPAResult",
+    "RolloutsAdapter",
+    "optimize",
 ]

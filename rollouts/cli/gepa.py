@@ -1,0 +1,236 @@
+"""`rollouts gepa`: evolve a system prompt (or several prompt components) with GEPA.
+
+The task is a dataset run through an agent and scored, exactly as with `rollouts eval`; a second
+model (the reflection model) reads what happened and proposes better prompts. Everything goes to
+the run directory (`--output`): the checkpoint, every rollout and reflection, the best prompt
+(`best_system_prompt.txt`) and the result (`result.json`). Running the same command again
+resumes, and ends as if it had never stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from rollouts.cli.common import (
+    CLIError,
+    HelpFormatter,
+    RedactingStream,
+    add_env_args,
+    add_model_args,
+    environment_class,
+    get_config,
+    load_callable,
+    make_environment,
+    model_config_from_args,
+    read_system_prompt,
+    secret_values,
+)
+from rollouts.cli.eval import _load_dataset, _resolve_scorer, _results_root, _slug
+from rollouts.config import resolve_model
+
+EXAMPLES = """\
+examples:
+  rollouts gepa train.jsonl --val val.jsonl -m openai/gpt-4.1-mini --reflection-model anthropic/claude-sonnet-4-5 \\
+      --score my_evals:score --system-prompt "You are a careful assistant." --budget 500
+  rollouts gepa data.jsonl -m local/qwen2.5-coder-0.5b --reflection-model openai/gpt-4.1 --score exact_match \\
+      --system-prompt-file prompt.txt --budget 300 --output runs/gepa-qwen
+  rollouts gepa data.jsonl -m openai/gpt-4.1-mini --reflection-model openai/gpt-4.1 --score my_evals:score \\
+      --candidate components.json --merge --budget 800      # several components: {"system_prompt": ..., "hint": ...}
+
+the score function should put feedback text in its metrics' metadata ({"feedback": "..."}): the
+reflection model learns from it. Components other than system_prompt are {{name}} placeholders in
+the messages --prepare makes, or tool descriptions named tool:NAME.
+
+results: --output DIR (default: <results dir>/gepa-<dataset>-<model>): state.json (checkpoint),
+rollouts.jsonl, reflections.jsonl, result.json, best_candidate.json and best_<component>.txt.
+Running the same command again resumes. `touch DIR/STOP` (or --stop-file) stops after the
+iteration in flight; Ctrl-C stops at once; both keep the best prompt so far.
+
+exit status: 0 finished, 2 usage or configuration error, 130 interrupted by Ctrl-C.
+"""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "gepa",
+        help="evolve a prompt with GEPA",
+        description="Evolve a system prompt (or several prompt components) with GEPA: reflective "
+        "prompt evolution scored on your dataset. Resumable.",
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("dataset", metavar="TRAIN", help="training rows (.jsonl or .csv): the reflection minibatches")
+    add_model_args(p)
+    add_env_args(p, default="basic")
+    r = p.add_argument_group("reflection model")
+    r.add_argument("--reflection-model", metavar="PROVIDER/MODEL", help="the model that proposes new prompts")
+    r.add_argument("--reflection-api-base", metavar="URL", help="its server URL (openai-compatible)")
+    r.add_argument("--reflection-api-key-env", metavar="NAME", help="read its API key from this variable")
+    r.add_argument("--reflection-max-tokens", type=int, metavar="N", help="its maximum output tokens")
+    t = p.add_argument_group("task")
+    t.add_argument("--val", metavar="FILE", help="validation rows (default: the training rows)")
+    t.add_argument("--score", metavar="NAME|MODULE:FUNCTION", help="built-in scorer name or Sample -> Score function")
+    t.add_argument("--prepare", metavar="MODULE:FUNCTION", help="row -> list of Messages (sync or async)")
+    t.add_argument("--system-prompt", metavar="TEXT", help="the seed system prompt")
+    t.add_argument("--system-prompt-file", metavar="FILE", help="read the seed system prompt from FILE")
+    t.add_argument("--candidate", metavar="FILE", help="a JSON object of component name -> seed text")
+    t.add_argument("--max-concurrent", type=int, metavar="N", help="samples in flight at once (default 8)")
+    t.add_argument("--max-turns", type=int, metavar="N", help="model turns per sample (default 10)")
+    t.add_argument("--sample-timeout", type=float, metavar="SECONDS", help="time limit per sample")
+    g = p.add_argument_group("search")
+    g.add_argument("--budget", type=int, metavar="N", help="metric calls (rollouts of one row), never exceeded")
+    g.add_argument("--minibatch", type=int, metavar="N", help="training rows per reflection (default 3)")
+    g.add_argument(
+        "--selection", choices=("pareto", "current_best", "epsilon_greedy"), help="parent selection (default pareto)"
+    )
+    g.add_argument("--components", choices=("round_robin", "all"), help="components rewritten per iteration")
+    g.add_argument("--merge", action="store_true", help="also merge frontier candidates")
+    g.add_argument("--seed", type=int, metavar="N", help="random seed (default 0)")
+    g.add_argument("--max-iterations", type=int, metavar="N", help="stop after N iterations")
+    g.add_argument("--score-threshold", type=float, metavar="X", help="stop once the best validation score >= X")
+    g.add_argument("--no-improvement", type=int, metavar="N", help="stop after N iterations without a better best")
+    g.add_argument("--timeout", type=float, metavar="SECONDS", help="stop at once after SECONDS")
+    g.add_argument("--stop-file", metavar="PATH", help="stop when PATH exists (default: DIR/STOP)")
+    o = p.add_argument_group("output")
+    o.add_argument("--output", metavar="DIR", help="run directory (resumes when it exists)")
+    o.add_argument("--no-progress", action="store_true", help="no progress lines")
+    o.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=main)
+    return p
+
+
+def _seed_candidate(args: argparse.Namespace, config: Any) -> dict[str, str]:
+    if args.candidate:
+        if args.system_prompt or args.system_prompt_file:
+            raise CLIError("give --candidate or --system-prompt/--system-prompt-file, not both")
+        try:
+            data = json.loads(Path(args.candidate).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise CLIError(f"--candidate: cannot read {args.candidate}: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise CLIError(f"--candidate {args.candidate}: not JSON ({e.msg})") from None
+        if not isinstance(data, dict) or not data or not all(isinstance(v, str) for v in data.values()):
+            raise CLIError(f"--candidate {args.candidate}: must be a JSON object of component name -> text")
+        return data
+    text = read_system_prompt(args, config)
+    if not text:
+        raise CLIError("give the prompt to evolve: --system-prompt TEXT, --system-prompt-file FILE or --candidate FILE")
+    return {"system_prompt": text}
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for flag in ("budget", "minibatch", "max_concurrent", "max_turns", "no_improvement"):
+        value = getattr(args, flag)
+        if value is not None and value < (0 if flag == "budget" else 1):
+            raise CLIError(f"--{flag.replace('_', '-')} must be at least {0 if flag == 'budget' else 1}")
+
+
+async def _run(kwargs: dict[str, Any]) -> tuple[Any, bool]:
+    """optimize() under a SIGINT receiver: Ctrl-C ends the run with the best so far."""
+    from rollouts.gepa import optimize
+
+    interrupted = False
+    scope = trio.CancelScope()
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                nonlocal interrupted
+                async for _ in signals:
+                    interrupted = True
+                    print("\n^C stopping; the best prompt so far is kept (run again to resume)", file=sys.stderr)
+                    scope.cancel()
+                    return
+
+            nursery.start_soon(watch)
+            result = await optimize(**kwargs, cancel_scope=scope)
+            nursery.cancel_scope.cancel()
+    return result, interrupted
+
+
+def main(args: argparse.Namespace) -> int:
+    _check_numbers(args)
+    from rollouts.evaluation import EvalConfig, default_prepare_messages
+    from rollouts.gepa.checkpoint import STATE_FILE
+
+    if args.reflection_api_key_env:  # its key is scrubbed from the output like the task model's
+        secrets = secret_values((args.reflection_api_key_env,))
+        sys.stdout = RedactingStream(sys.stdout, secrets)  # type: ignore[assignment]
+        sys.stderr = RedactingStream(sys.stderr, secrets)  # type: ignore[assignment]
+    config = get_config()
+    if not args.reflection_model:
+        raise CLIError("give the reflection model: --reflection-model PROVIDER/MODEL (it proposes the new prompts)")
+    if not args.score:
+        raise CLIError("give a score function: --score NAME or --score module:function (GEPA optimizes its reward)")
+    if args.budget is None and not (args.max_iterations or args.timeout or args.score_threshold or args.no_improvement):
+        raise CLIError("give a budget: --budget N (metric calls), or a stop condition such as --max-iterations N")
+    seed = _seed_candidate(args, config)
+    score_fn = _resolve_scorer(args.score)  # (a module:function scorer is imported before any model call)
+    prepare = load_callable(args.prepare, "--prepare") if args.prepare else default_prepare_messages
+    endpoint = model_config_from_args(args, config).to_endpoint()
+    reflection = resolve_model(
+        args.reflection_model,
+        config,
+        api_base=args.reflection_api_base,
+        api_key_env=args.reflection_api_key_env,
+        max_tokens=args.reflection_max_tokens,
+    ).to_endpoint()
+    train = list(_load_dataset(args.dataset))
+    val = list(_load_dataset(args.val)) if args.val else None
+    env_name, cwd = args.env or "basic", args.cwd
+    environment_class(env_name)
+
+    async def environment_factory() -> Any:
+        return await make_environment(env_name, cwd, confirm=False)
+
+    environment_factory.__qualname__ = f"cli_environment[{env_name}]"
+    name = _slug(f"gepa-{Path(args.dataset).stem}-{endpoint.provider}-{endpoint.model}")
+    output = Path(args.output).expanduser() if args.output else _results_root(config) / name
+    if (output / STATE_FILE).exists() and not args.json:
+        print(f"resuming in {output}", file=sys.stderr)
+    task = EvalConfig(
+        endpoint=endpoint,
+        score_fn=score_fn,
+        prepare_messages=prepare,
+        environment_factory=environment_factory,
+        max_turns=args.max_turns,
+        max_concurrent=args.max_concurrent or int(config.defaults.get("max_concurrent") or 8),
+        sample_timeout_s=args.sample_timeout,
+        show_progress=False,
+    )
+    kwargs: dict[str, Any] = {
+        "seed_candidate": seed,
+        "trainset": train,
+        "valset": val,
+        "task": task,
+        "reflection_endpoint": reflection,
+        "max_metric_calls": args.budget,
+        "reflection_minibatch_size": args.minibatch,
+        "candidate_selection": args.selection,
+        "component_selection": args.components,
+        "use_merge": True if args.merge else None,
+        "seed": args.seed,
+        "score_threshold": args.score_threshold,
+        "no_improvement_iterations": args.no_improvement,
+        "max_iterations": args.max_iterations,
+        "timeout_s": args.timeout,
+        "stop_file": args.stop_file or output / "STOP",
+        "run_dir": output,
+        "show_progress": not args.no_progress,
+    }
+    result, interrupted = trio.run(_run, kwargs)
+    if args.json:
+        print(result.to_json())
+    else:
+        print(result.summary())
+        for component, text in result.best_candidate.items():
+            print(f"\n--- best {component} ---\n{text}")
+        print(f"\nwritten to {output} (best_candidate.json, result.json)")
+    return 130 if interrupted else 0

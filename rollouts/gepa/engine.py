@@ -1,0 +1,573 @@
+"""The GEPA engine: evaluate the seed, then plan, run and commit iterations until a stopper or
+the budget ends the run.
+
+Order and determinism. Every decision (parent, components, minibatch, merge pair, budget
+reservations, acceptance) is taken by one coordinator in a fixed order: iteration k is *planned*
+from the state left by committing iteration k - w (w = `proposals_in_flight`, 1 by default:
+strictly one after another) and *committed* after iteration k - 1. Proposals in flight only
+evaluate and reflect; they change nothing. So the result depends on the seed and the data,
+never on timing, and the state saved after each commit (with the planned proposals) restarts
+exactly.
+
+Budget. `max_metric_calls` is never exceeded: an iteration is planned only when the budget left
+(after what is reserved for iterations in flight) covers its minibatch evaluations, and a
+validation evaluation that would cross the limit is cut to the instances the budget still covers
+(the candidate is then `complete=False`, and the run ends).
+
+Concurrency. Every evaluation runs all its instances at once through the adapter (under the
+task's limits), and the components of one proposal are reflected on concurrently. Speculation
+(on by default) overlaps consecutive iterations without giving up the selection rule: when a
+child is accepted (or the seed evaluated), the next iteration is planned on it and started
+(parent minibatch evaluation, reflection) while it is evaluated on the validation set; then the
+candidate selector decides as always. If it picks the new candidate the iteration goes on (its
+child evaluation waits for that decision); otherwise it is dropped, its minibatch evaluation is
+counted as spent, and the chosen parent gets the same minibatch. With `proposals_in_flight > 1`
+several iterations overlap instead, each planned without the results of the previous ones.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from rollouts.dtypes import Endpoint
+from rollouts.errors import ConfigurationError
+from rollouts.gepa.adapter import Candidate, EvaluationBatch, GEPAAdapter
+from rollouts.gepa.checkpoint import REFLECTIONS_FILE, load_state, save_state
+from rollouts.gepa.config import GEPAConfig
+from rollouts.gepa.events import GEPACallback, GEPAEvent, emit_event
+from rollouts.gepa.proposers import ProposalOutcome, Proposer, ReflectionJournal, merge_subsample, plan_merge
+from rollouts.gepa.result import CandidateRecord, GEPAResult, IterationRecord
+from rollouts.gepa.selectors import EpochShuffledBatchSampler, candidate_selector, component_selector
+from rollouts.gepa.state import GEPAState, ProposalSpec
+from rollouts.gepa.stoppers import StopperState, stop_reason_of
+
+__all__ = ["GEPAEngine"]
+
+
+@dataclass
+class _Slot:
+    """An iteration in flight. `gate` holds a speculative one back before its child evaluation."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    parent_done: trio.Event = field(default_factory=trio.Event)
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    gate: trio.Event | None = None
+    outcome: ProposalOutcome | None = None
+
+
+class GEPAEngine:
+    """Runs GEPA over an adapter. Most users call `optimize()`, which builds one."""
+
+    def __init__(
+        self,
+        adapter: GEPAAdapter,
+        seed_candidate: Mapping[str, str],
+        trainset: Sequence[Mapping[str, Any]],
+        valset: Sequence[Mapping[str, Any]],
+        config: GEPAConfig,
+        *,
+        reflection_endpoint: Endpoint | None = None,
+        run_dir: str | Path | None = None,
+        callbacks: Sequence[GEPACallback] = (),
+        data_fingerprint: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not seed_candidate or not all(isinstance(v, str) for v in seed_candidate.values()):
+            raise ConfigurationError("the seed candidate must map at least one component name to its text")
+        if not trainset:
+            raise ConfigurationError("the training set is empty: GEPA needs instances to reflect on")
+        if not valset:
+            raise ConfigurationError("the validation set is empty")
+        if reflection_endpoint is None and getattr(adapter, "propose_new_texts", None) is None:
+            raise ConfigurationError(
+                "GEPA needs a reflection model: pass reflection_endpoint (any Endpoint), or an adapter with propose_new_texts"
+            )
+        if config.max_metric_calls is None and not config.stoppers and config.timeout_s is None:
+            raise ConfigurationError(
+                "give max_metric_calls (the budget), a stopper or timeout_s: otherwise GEPA never stops"
+            )
+        self.adapter = adapter
+        self.seed_candidate: Candidate = dict(seed_candidate)
+        self.components = list(self.seed_candidate)
+        self.trainset = list(trainset)
+        self.valset = list(valset)
+        self.config = config
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.callbacks = tuple(callbacks)
+        self.candidate_selector = candidate_selector(config.candidate_selection)
+        self.component_selector = component_selector(config.component_selection)
+        self.sampler = EpochShuffledBatchSampler(config.reflection_minibatch_size)
+        self.fingerprint = {**config.fingerprint(), **(data_fingerprint or {}), "seed_candidate": self.seed_candidate}
+        self.journal = ReflectionJournal(self.run_dir / REFLECTIONS_FILE if self.run_dir else None)
+        self.proposer = Proposer(
+            adapter,
+            self.trainset,
+            self.valset,
+            reflection_endpoint=reflection_endpoint,
+            reflection_prompt=config.reflection_prompt,
+            journal=self.journal,
+            skip_perfect_score=config.skip_perfect_score,
+            perfect_score=config.perfect_score,
+            on_evaluation=self._on_evaluation,
+            on_reflection=self._on_reflection,
+        )
+        self.state = GEPAState(valset_size=len(self.valset), seed=config.seed)
+        self._live_calls = 0  # evaluations finished but not yet committed
+        self._inflight: deque[tuple[ProposalSpec, _Slot]] = deque()
+        self._nursery: trio.Nursery | None = None
+        self._saves = 0
+        self._save_lock = trio.Lock()
+        self._started = time.monotonic()
+
+    # ---- budget -------------------------------------------------------------------------------
+
+    @property
+    def _budget(self) -> float:
+        m = self.config.max_metric_calls
+        return math.inf if m is None else m
+
+    def _left(self) -> float:
+        s = self.state
+        return self._budget - s.metric_calls - s.reserved
+
+    # ---- events -------------------------------------------------------------------------------
+
+    async def _emit(self, kind: Any, message: str = "", *, iteration: int | None = None, **data: Any) -> None:
+        if not self.callbacks:
+            return
+        s = self.state
+        has = bool(s.candidates)
+        event = GEPAEvent(
+            kind=kind,
+            iteration=s.iteration if iteration is None else iteration,
+            metric_calls=s.metric_calls + self._live_calls,
+            max_metric_calls=self.config.max_metric_calls,
+            best_score=s.best_score if has else 0.0,
+            best_idx=s.best_idx if has else 0,
+            candidates=len(s.candidates),
+            message=message,
+            data=data,
+        )
+        await emit_event(self.callbacks, event)
+
+    async def _on_evaluation(self, eval_id: str, n: int, batch: EvaluationBatch) -> None:
+        self._live_calls += n
+        await self._emit("evaluation", eval_id, eval_id=eval_id, n=n, scores=list(batch.scores))
+
+    async def _on_reflection(self, iteration: int, component: str, old: str, new: str) -> None:
+        await self._emit("reflection", f"it {iteration}: new {component}", component=component, old=old, new=new)
+
+    # ---- state --------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        if self.run_dir is None:
+            self._init_state()
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        saved = load_state(self.run_dir)
+        if saved is None:
+            self._init_state()
+            return
+        if saved.fingerprint != self.fingerprint:
+            diff = sorted(k for k in set(saved.fingerprint) | set(self.fingerprint)
+                          if saved.fingerprint.get(k) != self.fingerprint.get(k))  # fmt: skip
+            raise ConfigurationError(
+                f"run_dir {str(self.run_dir)!r} holds a GEPA run with different settings ({', '.join(diff)}): "
+                "resume it with the same arguments, or use another run_dir"
+            )
+        self.state = saved
+
+    def _init_state(self) -> None:
+        self.state = GEPAState(valset_size=len(self.valset), seed=self.config.seed, rng=random.Random(self.config.seed))
+        self.state.fingerprint = dict(self.fingerprint)
+
+    def _checkpoint(self) -> None:
+        """Save the state as it is now, in the background: the run goes on while the file is
+        written, writes happen in order, and one overtaken by a newer state is skipped. (A crash
+        before the latest write resumes from an earlier checkpoint; the logs make that exact.)"""
+        if self.run_dir is None:
+            return
+        self._saves += 1
+        assert self._nursery is not None
+        self._nursery.start_soon(self._save, self._saves, self.state.to_dict())
+
+    async def _save(self, number: int, data: dict[str, Any]) -> None:
+        assert self.run_dir is not None
+        async with self._save_lock:
+            if number < self._saves:
+                return  # a newer state is waiting to be written
+            with trio.CancelScope(shield=True):  # a checkpoint is written whole or not at all
+                await save_state(self.run_dir, data)
+        await self._emit("checkpoint", str(self.run_dir / "state.json"), iteration=data["iteration"])
+
+    # ---- validation evaluations ---------------------------------------------------------------
+
+    async def _evaluate_val(
+        self,
+        candidate: Candidate,
+        eval_id: str,
+        known: Mapping[int, float],
+        known_obj: Mapping[int, Any],
+        meanwhile: Callable[[], trio.Event | None] | None = None,
+    ) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
+        """Scores on the validation instances not in `known`, cut to the budget left. The calls
+        are reserved first; then `meanwhile()` may start work that runs alongside (and return an
+        event to wait for before this evaluation starts)."""
+        s = self.state
+        todo = [k for k in range(len(self.valset)) if k not in known]
+        todo = todo[: max(0, min(len(todo), int(min(self._left(), len(todo)))))]
+        s.reserved += len(todo)
+        first = meanwhile() if meanwhile is not None else None
+        if first is not None:
+            # The iteration started early evaluates its parent on the minibatch first (a few
+            # rollouts that gate its reflection), then this evaluation runs alongside that
+            # reflection: the minibatch gets the model-call slots at once instead of queueing
+            # behind a whole validation set.
+            await first.wait()
+        scores, objectives = dict(known), {k: dict(v) for k, v in known_obj.items()}
+        if todo:
+            batch = await self.proposer.evaluate(
+                [self.valset[k] for k in todo], candidate, capture=False, eval_id=eval_id
+            )
+            scores.update((k, float(x)) for k, x in zip(todo, batch.scores, strict=True))
+            if batch.objective_scores is not None:
+                objectives.update((k, dict(o)) for k, o in zip(todo, batch.objective_scores, strict=True))
+        s.reserved -= len(todo)
+        s.metric_calls += len(todo)
+        self._live_calls -= len(todo)
+        return scores, objectives
+
+    async def _evaluate_seed(self) -> str:
+        speculation: tuple[ProposalSpec, _Slot] | None = None
+
+        def meanwhile() -> trio.Event | None:
+            nonlocal speculation
+            speculation = self._speculate(0, self.seed_candidate, ())
+            return speculation[1].parent_done if speculation is not None else None
+
+        scores, objectives = await self._evaluate_val(self.seed_candidate, "seed-val", {}, {}, meanwhile)
+        record = CandidateRecord(
+            idx=0,
+            components=dict(self.seed_candidate),
+            val_scores=scores,
+            val_objectives=objectives,
+            valset_size=len(self.valset),
+        )
+        self.state.add_candidate(record)
+        await self._emit("seed_evaluated", score=record.val_score, complete=record.complete)
+        return await self._resolve(speculation, 0)
+
+    # ---- planning -----------------------------------------------------------------------------
+
+    def _stopper_state(self) -> StopperState:
+        s = self.state
+        return StopperState(
+            iteration=s.iteration,
+            metric_calls=s.metric_calls,
+            max_metric_calls=self.config.max_metric_calls,
+            best_score=s.best_score,
+            best_idx=s.best_idx if s.candidates else 0,
+            candidates=len(s.candidates),
+            iterations_since_improvement=s.iteration - s.last_improvement,
+            elapsed_s=time.monotonic() - self._started,
+        )
+
+    def _should_stop(self) -> str | None:
+        if self.state.reflection_failures >= self.config.max_reflection_failures:
+            return "reflection_failed"
+        snapshot = self._stopper_state()
+        for stopper in self.config.stoppers:
+            if stopper(snapshot):
+                return stop_reason_of(stopper)
+        return None
+
+    def _minibatch_need(self) -> int:
+        return 2 * self.sampler.batch_size(len(self.trainset))
+
+    def _plan(self) -> ProposalSpec | None:
+        """The next iteration, or None when the budget left cannot pay for one."""
+        s, cfg = self.state, self.config
+        it = s.iteration + 1
+        if cfg.use_merge and s.merges_due > 0 and s.last_found_new and s.carry is None:
+            s.last_found_new = False
+            merge = plan_merge(s, s.rng)
+            if merge is not None:
+                (i, j, a), merged = merge
+                instances = merge_subsample(s, i, j, cfg.merge_subsample_size, s.rng)
+                if instances and len(instances) <= self._left():
+                    s.merges_due -= 1
+                    s.merges_tried += 1
+                    s.iteration = it
+                    s.reserved += len(instances)
+                    return ProposalSpec(
+                        it, "merge", (i, j, a), tuple(instances), merged=merged, known=len(s.candidates),
+                        reserved=len(instances),
+                    )  # fmt: skip
+        need = self._minibatch_need()
+        if need > self._left():
+            return None
+        carry, s.carry = s.carry, None
+        parent = carry["parent"] if carry is not None and carry["parent"] is not None else None
+        if parent is None:
+            parent = self.candidate_selector.select(s, s.rng)
+        assert 0 <= parent < len(s.candidates), f"candidate selector returned {parent}"
+        components = self._components(parent)
+        if carry is not None:
+            minibatch = tuple(carry["minibatch"])
+        else:
+            minibatch = tuple(self.sampler.next(s, len(self.trainset)))
+        s.iteration = it
+        s.reserved += need
+        return ProposalSpec(it, "mutation", (parent,), minibatch, components, known=len(s.candidates), reserved=need)
+
+    def _components(self, parent: int) -> tuple[str, ...]:
+        components = tuple(self.component_selector.select(self.state, parent, self.components))
+        unknown = [c for c in components if c not in self.seed_candidate]
+        assert components and not unknown, f"component selector returned {components}"
+        return components
+
+    # ---- speculation --------------------------------------------------------------------------
+
+    def _speculate(self, new_idx: int, texts: Candidate, parents: tuple[int, ...]) -> tuple[ProposalSpec, _Slot] | None:
+        """Start the next iteration on candidate `new_idx` (about to join the pool) before the
+        selection can confirm it; None when that is not possible or not wanted."""
+        s, cfg = self.state, self.config
+        if not cfg.speculative or cfg.proposals_in_flight > 1 or self._inflight or s.carry is not None:
+            return None
+        if cfg.use_merge and s.merges_due > 0 and s.last_found_new:
+            return None  # the next iteration is a merge
+        need = self._minibatch_need()
+        if need > self._left() or self._should_stop() is not None:
+            return None
+        if len(s.component_cursor) == new_idx:
+            s.component_cursor.append(s.initial_cursor(parents))
+        components = self._components(new_idx)
+        minibatch = tuple(self.sampler.next(s, len(self.trainset)))
+        spec = ProposalSpec(
+            s.iteration + 1,
+            "mutation",
+            (new_idx,),
+            minibatch,
+            components,
+            known=new_idx,
+            reserved=need,
+            texts=dict(texts),
+        )
+        s.reserved += need
+        slot = _Slot(gate=trio.Event())
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_slot, spec, slot)
+        return spec, slot
+
+    async def _resolve(self, speculation: tuple[ProposalSpec, _Slot] | None, new_idx: int) -> str:
+        """Now that candidate `new_idx` is in the pool: keep the speculative iteration if the
+        selection picks it as parent, else drop it (its minibatch evaluation is spent)."""
+        if speculation is None:
+            return ""
+        spec, slot = speculation
+        s = self.state
+        stop = self._should_stop()
+        parent = None if stop is not None else self.candidate_selector.select(s, s.rng)
+        if parent == new_idx:
+            s.iteration = spec.iteration
+            s.pending.append(spec)
+            self._inflight.append((spec, slot))
+            assert slot.gate is not None
+            slot.gate.set()
+            await self._emit("iteration_start", f"mutation of [{new_idx}] (started early)", spec=spec.to_dict())
+            return ""
+        await slot.parent_done.wait()
+        slot.scope.cancel()
+        await slot.done.wait()
+        n = len(spec.instances)
+        s.reserved -= spec.reserved
+        s.metric_calls += n
+        s.speculation_calls += n
+        self._live_calls -= n
+        s.carry = {"parent": parent, "minibatch": list(spec.instances)}
+        why = f"stopping ({stop})" if stop is not None else f"the selection chose #{parent}"
+        return f"; the iteration started early on #{new_idx} was dropped ({why}: {n} calls spent)"
+
+    async def _run_slot(self, spec: ProposalSpec, slot: _Slot) -> None:
+        with slot.scope:
+            slot.outcome = await self.proposer.run(self.state, spec, gate=slot.gate, parent_done=slot.parent_done)
+        slot.parent_done.set()
+        slot.done.set()
+
+    def _start(self, spec: ProposalSpec) -> None:
+        slot = _Slot()
+        self._inflight.append((spec, slot))
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_slot, spec, slot)
+
+    # ---- committing ---------------------------------------------------------------------------
+
+    async def _commit(self, spec: ProposalSpec, out: ProposalOutcome) -> None:
+        s, cfg = self.state, self.config
+        s.reserved -= spec.reserved
+        s.metric_calls += out.calls
+        self._live_calls -= out.calls
+        status, message, new_idx = out.status, out.message, None
+        if status == "evaluated":
+            assert out.child is not None
+            accepted = (
+                sum(out.child_scores) >= sum(out.parent_scores)
+                if spec.kind == "merge"
+                else cfg.acceptance(out.parent_scores, out.child_scores)
+            )
+            duplicate = s.known_index(out.child)
+            what = "merge" if spec.kind == "merge" else f"#{spec.parents[0]}"
+            score_text = f"{_mean(out.parent_scores):.2f} -> {_mean(out.child_scores):.2f}"
+            if not accepted:
+                status, message = "rejected", f"{what} on {len(spec.instances)}: {score_text} rejected"
+            elif duplicate is not None:
+                status, message = "unchanged", f"{what}: the child equals candidate #{duplicate}"
+            else:
+                status = "accepted"
+                new_idx = len(s.candidates)
+                message = await self._accept(spec, out, new_idx, f"{what} on {len(spec.instances)}: {score_text}")
+        s.reflection_failures = s.reflection_failures + 1 if status == "reflection_failed" else 0
+        record = IterationRecord(
+            iteration=spec.iteration,
+            kind="merge" if spec.kind == "merge" else "mutation",
+            outcome=status,  # type: ignore[arg-type]
+            parents=spec.parents,
+            instances=spec.instances,
+            components=spec.components,
+            parent_scores=out.parent_scores,
+            child_scores=out.child_scores,
+            new_candidate=new_idx,
+            metric_calls=s.metric_calls,
+            message=message,
+        )
+        s.history.append(record)
+        s.pending = [p for p in s.pending if p.iteration != spec.iteration]
+        await self._emit("iteration_end", message, iteration=spec.iteration, record=record)
+
+    async def _accept(self, spec: ProposalSpec, out: ProposalOutcome, new_idx: int, what: str) -> str:
+        """Evaluate an accepted child on the validation set, add it, and say so."""
+        s, cfg = self.state, self.config
+        assert out.child is not None
+        child = out.child
+        known: dict[int, float] = {}
+        known_obj: dict[int, Any] = {}
+        if spec.kind == "merge":  # the screening scores are validation scores already
+            known = dict(zip(spec.instances, out.child_scores, strict=True))
+            known_obj = dict(zip(spec.instances, out.child_objectives, strict=False))
+        else:
+            s.last_found_new = True
+            if cfg.use_merge and s.merges_tried + s.merges_due < cfg.max_merge_invocations:
+                s.merges_due += 1
+        parents = spec.parents[:2]
+        speculation: tuple[ProposalSpec, _Slot] | None = None
+
+        def meanwhile() -> trio.Event | None:
+            nonlocal speculation
+            speculation = self._speculate(new_idx, child, parents)
+            return speculation[1].parent_done if speculation is not None else None
+
+        eval_id = f"it{spec.iteration:04d}-val-c{new_idx}"
+        scores, objectives = await self._evaluate_val(child, eval_id, known, known_obj, meanwhile)
+        base = s.candidates[parents[0]].components
+        previous_best = s.best_score
+        s.add_candidate(
+            CandidateRecord(
+                idx=new_idx,
+                components=child,
+                parents=parents,
+                origin="merge" if spec.kind == "merge" else "mutation",
+                iteration=spec.iteration,
+                changed=tuple(n for n in self.components if child.get(n) != base.get(n)),
+                val_scores=scores,
+                val_objectives=objectives,
+                valset_size=len(self.valset),
+            )
+        )
+        record = s.candidates[new_idx]
+        if s.best_idx == new_idx and record.val_score > previous_best:
+            s.last_improvement = spec.iteration
+            await self._emit("new_best", f"#{new_idx} {record.val_score:.3f}", candidate=new_idx)
+        cut = "" if record.complete else f" (on {len(scores)}/{len(self.valset)}: the budget ran out)"
+        note = await self._resolve(speculation, new_idx)
+        return f"{what} accepted as #{new_idx}, valset {record.val_score:.3f}{cut}{note}"
+
+    # ---- the run ------------------------------------------------------------------------------
+
+    async def _loop(self) -> str:
+        s, w = self.state, self.config.proposals_in_flight
+        stop: str | None = None
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if not s.candidates:
+                await self._evaluate_seed()
+                self._checkpoint()
+            else:
+                for spec in s.pending:  # planned before the checkpoint we resumed from
+                    self._start(spec)
+            while True:
+                while stop is None and len(self._inflight) < w:
+                    stop = self._should_stop()
+                    if stop is not None:
+                        break
+                    planned = self._plan()
+                    if planned is None:
+                        stop = "budget"
+                        break
+                    s.pending.append(planned)
+                    await self._emit(
+                        "iteration_start", f"{planned.kind} of {list(planned.parents)}", spec=planned.to_dict()
+                    )
+                    self._start(planned)
+                if not self._inflight:
+                    break
+                spec, slot = self._inflight.popleft()
+                await slot.done.wait()
+                assert slot.outcome is not None
+                await self._commit(spec, slot.outcome)
+                self._checkpoint()
+            self._nursery = None
+        assert stop is not None
+        return stop
+
+    async def run(self, cancel_scope: trio.CancelScope | None = None) -> GEPAResult:
+        """Run (or resume) to the end. Cancelling `cancel_scope`, or reaching `timeout_s`,
+        ends the run at once with the best candidate so far; outside cancellation propagates
+        (the last checkpoint stays)."""
+        self._load()
+        self._started = time.monotonic()
+        scope = cancel_scope if cancel_scope is not None else trio.CancelScope()
+        if self.config.timeout_s is not None:
+            scope.deadline = min(scope.deadline, trio.current_time() + self.config.timeout_s)
+        await self._emit(
+            "run_start",
+            f"{'resuming' if self.state.candidates else 'starting'}: {len(self.trainset)} train, "
+            f"{len(self.valset)} val, budget {self.config.max_metric_calls}"
+            + (f", run dir {self.run_dir}" if self.run_dir else ""),
+        )
+        stop = "cancelled"
+        try:
+            with scope:
+                stop = await self._loop()
+            if scope.cancelled_caught:
+                stop = "timeout" if trio.current_time() >= scope.deadline else "cancelled"
+        finally:
+            self.journal.close()
+        if not self.state.candidates:  # cancelled before the seed was evaluated
+            self.state.add_candidate(CandidateRecord(0, dict(self.seed_candidate), valset_size=len(self.valset)))
+        result = self.state.to_result(stop, self.config.max_metric_calls, str(self.run_dir) if self.run_dir else None)
+        if self._live_calls:  # evaluations of iterations cancelled in flight were spent too
+            result = replace(result, metric_calls=result.metric_calls + self._live_calls)
+        await self._emit("run_end", result.summary().replace("\n", "; "), result=result)
+        return result
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0

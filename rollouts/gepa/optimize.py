@@ -1,0 +1,196 @@
+"""`optimize()`: evolve an agent's prompts with GEPA over the datasets and score functions you
+already use with `evaluate()`.
+
+    result = await optimize(
+        "You are a careful calculator.",               # or {"system_prompt": ..., "other": ...}
+        trainset=rows[:50], valset=rows[50:100],
+        task=EvalConfig(endpoint=Endpoint("openai", "gpt-4.1-mini"), score_fn=score, max_concurrent=32),
+        reflection_endpoint=Endpoint("anthropic", "claude-sonnet-4-5"),
+        max_metric_calls=500,
+        run_dir="runs/gepa-calc",                       # checkpoint + rollouts; rerun to resume
+    )
+    print(result.best_candidate["system_prompt"], result.best_score)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from rollouts.dtypes import Endpoint
+from rollouts.errors import ConfigurationError
+from rollouts.eval_config import EvalConfig
+from rollouts.gepa.adapter import GEPAAdapter
+from rollouts.gepa.checkpoint import ROLLOUTS_FILE, write_result_files
+from rollouts.gepa.config import GEPAConfig
+from rollouts.gepa.engine import GEPAEngine
+from rollouts.gepa.events import GEPACallback, ProgressPrinter
+from rollouts.gepa.result import GEPAResult
+from rollouts.gepa.rollouts_adapter import RolloutsAdapter
+from rollouts.gepa.selectors import CandidateSelector, ComponentSelector
+from rollouts.gepa.stoppers import (
+    FileStopper,
+    MaxIterationsStopper,
+    NoImprovementStopper,
+    ScoreThresholdStopper,
+    Stopper,
+)
+from rollouts.providers._clients import client_scope
+
+__all__ = ["optimize"]
+
+
+def _rows(data: Iterable[Mapping[str, Any]], what: str) -> list[Mapping[str, Any]]:
+    rows = list(data)
+    for n, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise ConfigurationError(f"{what} row {n} is a {type(row).__name__}; every row must be a dict")
+    return rows
+
+
+def _digest(rows: Sequence[Mapping[str, Any]]) -> str:
+    text = json.dumps([dict(r) for r in rows], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _unwrap(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
+    """The one real error inside nested exception groups (cancellations aside), else the group."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for x in e.exceptions:
+                walk(x)
+        elif not isinstance(e, trio.Cancelled):
+            leaves.append(e)
+
+    walk(group)
+    return leaves[0] if len(leaves) == 1 else group
+
+
+async def optimize(
+    seed_candidate: Mapping[str, str] | str,
+    trainset: Iterable[Mapping[str, Any]],
+    valset: Iterable[Mapping[str, Any]] | None = None,
+    *,
+    task: EvalConfig | None = None,
+    adapter: GEPAAdapter | None = None,
+    reflection_endpoint: Endpoint | None = None,
+    max_metric_calls: int | None = None,
+    reflection_minibatch_size: int | None = None,
+    candidate_selection: str | CandidateSelector | None = None,
+    component_selection: str | ComponentSelector | None = None,
+    use_merge: bool | None = None,
+    proposals_in_flight: int | None = None,
+    seed: int | None = None,
+    score_threshold: float | None = None,
+    no_improvement_iterations: int | None = None,
+    max_iterations: int | None = None,
+    stop_file: str | Path | None = None,
+    stoppers: Sequence[Stopper] = (),
+    timeout_s: float | None = None,
+    config: GEPAConfig | None = None,
+    run_dir: str | Path | None = None,
+    callbacks: Sequence[GEPACallback] = (),
+    show_progress: bool = False,
+    cancel_scope: trio.CancelScope | None = None,
+) -> GEPAResult:
+    """Evolve `seed_candidate` (a system prompt, or a dict of component name -> text).
+
+    The task is either `task` (an EvalConfig: its agent runs every instance through
+    `evaluate()`, scored by its `score_fn`; see RolloutsAdapter for how components are applied)
+    or your own `adapter`. `valset` defaults to `trainset`. `reflection_endpoint` is the model
+    that proposes new texts.
+
+    Budget and stopping: `max_metric_calls` (evaluations of one instance) is never exceeded;
+    `score_threshold`, `no_improvement_iterations`, `max_iterations`, `stop_file` and
+    `stoppers` end the run after the iterations in flight; `timeout_s` and cancelling
+    `cancel_scope` end it at once. Every way returns the best candidate so far.
+
+    Search settings default to `config` (a GEPAConfig), else to GEPAConfig's defaults: minibatch
+    3, Pareto candidate selection, round-robin components, no merge, seed 0, one iteration after
+    another with speculation (the next iteration starts on an accepted child while it is scored
+    on the validation set; see rollouts.gepa.engine).
+
+    With `run_dir`, the state is checkpointed after every iteration and every rollout and
+    reflection is logged; calling optimize() again with the same arguments resumes and ends
+    with the result an uninterrupted run gives. The best texts and the result are written there.
+    """
+    if (task is None) == (adapter is None):
+        raise ConfigurationError("give optimize() either task=EvalConfig(...) or adapter=..., not both or neither")
+    seed_map = {"system_prompt": seed_candidate} if isinstance(seed_candidate, str) else dict(seed_candidate)
+    train = _rows(trainset, "trainset")
+    val = _rows(valset, "valset") if valset is not None else train
+    extra: list[Stopper] = list(stoppers)
+    if score_threshold is not None:
+        extra.append(ScoreThresholdStopper(score_threshold))
+    if no_improvement_iterations is not None:
+        extra.append(NoImprovementStopper(no_improvement_iterations))
+    if max_iterations is not None:
+        extra.append(MaxIterationsStopper(max_iterations))
+    if stop_file is not None:
+        extra.append(FileStopper(stop_file))
+    overrides: dict[str, Any] = {
+        "max_metric_calls": max_metric_calls,
+        "reflection_minibatch_size": reflection_minibatch_size,
+        "candidate_selection": candidate_selection,
+        "component_selection": component_selection,
+        "use_merge": use_merge,
+        "proposals_in_flight": proposals_in_flight,
+        "seed": seed,
+        "timeout_s": timeout_s,
+    }
+    cfg = config or GEPAConfig()
+    cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    if extra:
+        cfg = replace(cfg, stoppers=(*cfg.stoppers, *extra))
+    out = Path(run_dir) if run_dir is not None else None
+    owned: RolloutsAdapter | None = None
+    if task is not None:
+        owned = RolloutsAdapter(task, log_path=out / ROLLOUTS_FILE if out else None)
+        the_adapter: GEPAAdapter = owned
+    else:
+        assert adapter is not None
+        if isinstance(adapter, RolloutsAdapter) and out is not None:
+            owned = adapter.with_log(out / ROLLOUTS_FILE)
+            the_adapter = owned
+        else:
+            the_adapter = adapter
+    try:
+        if isinstance(the_adapter, RolloutsAdapter) and train:
+            await the_adapter.check_candidate(seed_map, train[0])
+        all_callbacks: list[GEPACallback] = list(callbacks)
+        if show_progress:
+            all_callbacks.append(ProgressPrinter())
+        engine = GEPAEngine(
+            the_adapter,
+            seed_map,
+            train,
+            val,
+            cfg,
+            reflection_endpoint=reflection_endpoint,
+            run_dir=out,
+            callbacks=all_callbacks,
+            data_fingerprint={"trainset": _digest(train), "valset": _digest(val)},
+        )
+        try:
+            async with client_scope():
+                result = await engine.run(cancel_scope)
+        except BaseExceptionGroup as group:
+            single = _unwrap(group)
+            if single is group:
+                raise
+            raise single from None
+        if out is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(write_result_files, out, result)
+        return result
+    finally:
+        if owned is not None:
+            owned.close()
