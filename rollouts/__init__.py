@@ -84,6 +84,7 @@ from rollouts.handlers import (
     inject_tool_reminder,
     inject_turn_warning,
 )
+from rollouts.local_model import LocalServerSettings, ensure_local_server, shutdown_local_server
 from rollouts.partial_json import parse_partial_json
 from rollouts.providers import get_provider_function, register_provider
 from rollouts.providers.scripted import ScriptedModel, ScriptedReply, ScriptedToolCall, tool_call
@@ -211,6 +212,10 @@ __all__ = [
     "check_environment",
     "compose",
     "tool",
+    # the embedded local model
+    "LocalServerSettings",
+    "ensure_local_server",
+    "shutdown_local_server",
     # sessions
     "AgentSession",
     "FileSessionStore",
