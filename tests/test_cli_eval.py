@@ -216,3 +216,18 @@ def test_dataset_files_are_counted_for_the_progress_total(tmp_path: Path) -> Non
         rows = load_dataset(str(tmp_path / name))
         assert len(rows) == n and len(list(rows)) == n
     assert next(iter(load_dataset(str(tmp_path / "a.csv")))) == {"question": "two\nlines", "answer": "1"}
+
+
+def test_summary_token_counts_add_up_to_the_total() -> None:
+    from types import SimpleNamespace
+
+    from rollouts.cli.eval import summary_text
+
+    stats = {"mean": 0.5, "min": 0.0, "max": 1.0, "std": 0.5}
+    counts = {"total": 2, "completed": 2, "failed": 0, "provider_error": 0}
+    tokens = {"input": 127, "output": 16, "cache_read": 18, "cache_write": 0, "reasoning": 0, "total": 161}
+    summary = {"counts": counts, "reward": stats, "metrics": {"ok": stats}, "tokens": tokens, "cost_usd": 0.0,
+               "turns": {"mean": 1.0}}  # fmt: skip
+    report = SimpleNamespace(eval_name="e", status="completed", duration_s=1.0, reused=0, samples=[], output_dir=None,
+                             summary=summary)  # fmt: skip
+    assert "tokens 161 (in 127, cache read 18, out 16), cost $0.0000, turns/sample 1.00" in summary_text(report)

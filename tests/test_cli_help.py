@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,21 @@ def test_no_command_prints_the_help_and_exits_2(tmp_path: Path) -> None:
     assert "examples:" in r.stdout
     r = run_cli("sessions", tmp=tmp_path)
     assert r.returncode == 2 and "ACTION" in r.stdout
+
+
+def _readme_command_lines() -> list[str]:
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = text.replace("\\\n", " ")  # continued lines
+    parts = [part.strip().removeprefix("$ ") for line in text.splitlines() for part in line.split("&&")]
+    return [part for part in parts if part.startswith("rollouts ")]
+
+
+def test_readme_command_lines_parse() -> None:
+    from rollouts.cli import build_parser
+
+    commands = _readme_command_lines()
+    assert {c.split()[1] for c in commands} >= {"run", "eval", "sessions", "gepa", "demo"}, commands
+    for line in commands:
+        argv = shlex.split(line, comments=True)[1:]
+        args = build_parser(argv).parse_args(argv)
+        assert args.func is not None, line

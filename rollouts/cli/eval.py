@@ -130,7 +130,9 @@ def summary_text(report: Any) -> str:
     for name, st in s["metrics"].items():
         rows.append([name, _fmt(st["mean"]), _fmt(st["min"]), _fmt(st["max"]), _fmt(st["std"])])
     t = s["tokens"]
-    tail = f"tokens {t['total']} (in {t['input']}, out {t['output']}), cost ${s['cost_usd']:.4f}"
+    parts = [("in", "input"), ("cache read", "cache_read"), ("cache write", "cache_write"), ("out", "output")]
+    split = ", ".join(f"{label} {t[key]}" for label, key in parts if t.get(key) or key in ("input", "output"))
+    tail = f"tokens {t['total']} ({split}), cost ${s['cost_usd']:.4f}"
     if s["turns"]["mean"] is not None:
         tail += f", turns/sample {s['turns']['mean']:.2f}"
     lines = [head, "", format_table(rows), "", tail]
