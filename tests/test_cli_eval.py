@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pexpect
@@ -231,3 +234,28 @@ def test_summary_token_counts_add_up_to_the_total() -> None:
     report = SimpleNamespace(eval_name="e", status="completed", duration_s=1.0, reused=0, samples=[], output_dir=None,
                              summary=summary)  # fmt: skip
     assert "tokens 161 (in 127, cache read 18, out 16), cost $0.0000, turns/sample 1.00" in summary_text(report)
+
+
+def test_eval_ctrl_c_keeps_finished_samples_and_exits_130(tmp_path: Path) -> None:
+    log, env = _probe_setup(tmp_path, 8)
+    args = ("eval", "topics.jsonl", "-m", "scripted/probe", "--prepare", "probe_task:prepare", "--score",
+            "probe_task:score", "--max-concurrent", "1", "--output", "out")  # fmt: skip
+    proc = subprocess.Popen([*CLI, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    samples = tmp_path / "out" / "samples.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (samples.exists() and len(samples.read_text().splitlines()) >= 2):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "^C stopping; finished samples are kept" in err
+    assert "[cancelled]" in out, out
+    kept = len(samples.read_text().splitlines())
+    assert 2 <= kept < 8
+    calls_before = len(_probe_calls(log))
+
+    again = run_cli(*args, tmp=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    assert f"reused {kept}" in again.stdout and "8 samples [completed]" in again.stdout
+    assert len(_probe_calls(log)) - calls_before == 8 - kept  # only the missing ones ran

@@ -101,6 +101,14 @@ def test_provider_failure_exits_non_zero(tmp_path: Path) -> None:
     assert r.stdout == ""
 
 
+def test_json_run_failure_exits_non_zero(tmp_path: Path) -> None:
+    r = run_cli("run", "-m", "scripted/fail", "-p", "hi", "--json", "--no-session", "--max-turns", "1", tmp=tmp_path)
+    assert r.returncode == 1
+    end = r.json_lines()[-1]
+    assert end["type"] == "run_end" and end["stop"] == "provider_error"
+    assert "scripted/fail always fails" in end["error"]
+
+
 def test_max_turns_stops_early_with_exit_3(tmp_path: Path) -> None:
     r = run_cli(
         "run", "-m", "scripted/calculator", "--env", "calculator", "-p", "what is 2 + 3?", "--max-turns", "1",
