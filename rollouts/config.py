@@ -67,6 +67,7 @@ PROVIDER_KEY_ENV: Mapping[str, tuple[str, ...]] = {
 }
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_URL = re.compile(r"^https?://[^/\s]+", re.IGNORECASE)
 
 
 class MissingAPIKeyError(ConfigurationError):
@@ -168,6 +169,11 @@ class BaseModelConfig:
             raise ConfigurationError(
                 "api_key_env must be the NAME of an environment variable (letters, digits, _), not "
                 "the key itself; put the key in a variable and pass its name"
+            )
+        if self.api_base and not _URL.match(self.api_base):
+            # (the value is not repeated: a key pasted in the wrong place must not be echoed)
+            raise ConfigurationError(
+                "api_base (--api-base) must be an http:// or https:// URL, e.g. http://127.0.0.1:8000/v1"
             )
 
     def resolve(self) -> tuple[str, str]:

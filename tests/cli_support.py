@@ -6,13 +6,18 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rollouts.local_model import model_cache_dir
 
-CLI = [sys.executable, "-m", "rollouts.cli"]
+# The installed console script (`[project.scripts] rollouts = "rollouts.cli:main"`), next to this
+# interpreter; `python -m rollouts.cli` only where the package is not installed (test_cli_help
+# checks that it is). Subprocesses inherit PYTHONPATH, so a worktree tests its own code.
+CONSOLE_SCRIPT = Path(sysconfig.get_path("scripts")) / "rollouts"
+CLI = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.is_file() else [sys.executable, "-m", "rollouts.cli"]
 
 # Fake keys: tests check that none of them ever reaches output or a written file.
 FAKE_KEYS = {

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import time
 from pathlib import Path
 
-from cli_support import FAKE_KEYS, cli_env, files_containing, run_cli
+import pexpect
+from cli_support import CLI, FAKE_KEYS, cli_env, files_containing, run_cli
 
 ROWS = [
     {"id": "a", "question": "what is 2 + 3?", "answer": "5"},
@@ -118,3 +122,140 @@ def test_eval_writes_no_key(tmp_path: Path) -> None:
         assert key not in r.stdout + r.stderr
     assert (tmp_path / "out" / "report.json").is_file()
     assert files_containing(tmp_path, list(FAKE_KEYS.values())) == []
+
+
+# A score module that also defines a scripted model, `-m scripted/probe`: each call logs what it
+# was sent and how many calls were in flight at once, then takes 0.3 s.
+PROBE = """
+import json, os
+import trio
+from rollouts import Message, Metric, Score, ScriptedModel
+
+IN_FLIGHT = 0
+
+async def _probe(req):
+    global IN_FLIGHT
+    IN_FLIGHT += 1
+    with open(os.environ["PROBE_LOG"], "a") as f:
+        f.write(json.dumps({"in_flight": IN_FLIGHT, "system": req.system, "user": req.last_user_text}) + "\\n")
+    await trio.sleep(0.3)
+    IN_FLIGHT -= 1
+    return "ok " + req.last_user_text
+
+ScriptedModel(_probe, name="probe")
+
+async def prepare(row):
+    return [Message("user", "topic: " + row["topic"])]
+
+def score(sample):
+    return Score((Metric("ok", float(sample.response == "ok topic: " + sample.input["topic"]), weight=1.0),))
+"""
+
+
+def _probe_setup(tmp: Path, n: int) -> tuple[Path, dict[str, str]]:
+    (tmp / "probe_task.py").write_text(PROBE)
+    (tmp / "topics.jsonl").write_text("".join(json.dumps({"id": f"t{i}", "topic": f"t{i}"}) + "\n" for i in range(n)))
+    log = tmp / "probe.log"
+    return log, cli_env(tmp, PROBE_LOG=str(log))
+
+
+def _probe_calls(log: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def test_eval_prepare_system_prompt_and_max_concurrent(tmp_path: Path) -> None:
+    log, env = _probe_setup(tmp_path, 6)
+    args = ("eval", "topics.jsonl", "-m", "scripted/probe", "--prepare", "probe_task:prepare", "--score",
+            "probe_task:score", "--system-prompt", "Be brief.")  # fmt: skip
+    r = run_cli(*args, "--max-concurrent", "2", "--output", "two", tmp=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    calls = _probe_calls(log)
+    assert sorted(c["user"] for c in calls) == [f"topic: t{i}" for i in range(6)]  # --prepare built them
+    assert {c["system"] for c in calls} == {"Be brief."}  # --system-prompt went first
+    assert max(c["in_flight"] for c in calls) == 2  # --max-concurrent 2
+    assert any(line.split()[:2] == ["ok", "1.0000"] for line in r.stdout.splitlines()), r.stdout
+
+    log.unlink()
+    r = run_cli(*args, "--max-concurrent", "6", "--output", "six", tmp=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert max(c["in_flight"] for c in _probe_calls(log)) == 6
+
+
+def test_eval_shows_a_live_progress_bar_on_a_terminal(tmp_path: Path) -> None:
+    _, env = _probe_setup(tmp_path, 4)
+    args = [*CLI[1:], "eval", "topics.jsonl", "-m", "scripted/probe", "--prepare", "probe_task:prepare",
+            "--score", "probe_task:score", "--max-concurrent", "1"]  # fmt: skip
+    child = pexpect.spawn(CLI[0], [*args, "--output", "a"], cwd=str(tmp_path), env=env, encoding="utf-8", timeout=30)
+    child.expect(r"\[#####-+\]  1/4   25%")  # redrawn as samples finish, before the end
+    child.expect(r"\[#{20}\]  4/4  100%  .*reward 1\.000")
+    child.expect_exact("4 samples [completed]")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+    child = pexpect.spawn(CLI[0], [*args, "--output", "b", "--no-progress"], cwd=str(tmp_path), env=env,
+                          encoding="utf-8", timeout=30)  # fmt: skip
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert "4 samples [completed]" in child.before and "4/4" not in child.before
+
+
+def test_eval_missing_key_is_one_line_naming_the_variable(tmp_path: Path) -> None:
+    _dataset(tmp_path)
+    r = run_cli("eval", "math.jsonl", "-m", "anthropic/claude-sonnet-4-5", "--score", "contains", tmp=tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ANTHROPIC_API_KEY is not set" in lines[0], r.stderr
+    assert not (tmp_path / "results").exists()  # nothing started
+
+
+def test_dataset_files_are_counted_for_the_progress_total(tmp_path: Path) -> None:
+    from rollouts.cli.tasks import load_dataset
+
+    (tmp_path / "a.csv").write_text('question,answer\n"two\nlines",1\n\nq2,2\n')
+    (tmp_path / "a.jsonl").write_text('{"q": 1}\n\n{"q": 2}\n{"q": 3}')
+    for name, n in (("a.csv", 2), ("a.jsonl", 3)):
+        rows = load_dataset(str(tmp_path / name))
+        assert len(rows) == n and len(list(rows)) == n
+    assert next(iter(load_dataset(str(tmp_path / "a.csv")))) == {"question": "two\nlines", "answer": "1"}
+
+
+def test_summary_token_counts_add_up_to_the_total() -> None:
+    from types import SimpleNamespace
+
+    from rollouts.cli.eval import summary_text
+
+    stats = {"mean": 0.5, "min": 0.0, "max": 1.0, "std": 0.5}
+    counts = {"total": 2, "completed": 2, "failed": 0, "provider_error": 0}
+    tokens = {"input": 127, "output": 16, "cache_read": 18, "cache_write": 0, "reasoning": 0, "total": 161}
+    summary = {"counts": counts, "reward": stats, "metrics": {"ok": stats}, "tokens": tokens, "cost_usd": 0.0,
+               "turns": {"mean": 1.0}}  # fmt: skip
+    report = SimpleNamespace(eval_name="e", status="completed", duration_s=1.0, reused=0, samples=[], output_dir=None,
+                             summary=summary)  # fmt: skip
+    assert "tokens 161 (in 127, cache read 18, out 16), cost $0.0000, turns/sample 1.00" in summary_text(report)
+
+
+def test_eval_ctrl_c_keeps_finished_samples_and_exits_130(tmp_path: Path) -> None:
+    log, env = _probe_setup(tmp_path, 8)
+    args = ("eval", "topics.jsonl", "-m", "scripted/probe", "--prepare", "probe_task:prepare", "--score",
+            "probe_task:score", "--max-concurrent", "1", "--output", "out")  # fmt: skip
+    proc = subprocess.Popen([*CLI, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    samples = tmp_path / "out" / "samples.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (samples.exists() and len(samples.read_text().splitlines()) >= 2):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "^C stopping; finished samples are kept" in err
+    assert "[cancelled]" in out, out
+    kept = len(samples.read_text().splitlines())
+    assert 2 <= kept < 8
+    calls_before = len(_probe_calls(log))
+
+    again = run_cli(*args, tmp=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    assert f"reused {kept}" in again.stdout and "8 samples [completed]" in again.stdout
+    assert len(_probe_calls(log)) - calls_before == 8 - kept  # only the missing ones ran

@@ -11,7 +11,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import trio
 from cli_support import CLI, cli_env, run_cli
+
+from rollouts.testing import FakeTurn, open_fake_server
 
 # The score module also defines the scripted models (`-m scripted/tags-task`): a model answers
 # "OK <topic>" when its system prompt holds [T:<topic>]; the reflection model adds the first tag
@@ -163,3 +166,23 @@ def test_gepa_ctrl_c_keeps_the_best_so_far_and_resumes(tmp_path: Path) -> None:
     whole = run_cli(*ARGS, "--output", "whole", "--no-progress", tmp=tmp_path)
     assert whole.returncode == 0, whole.stderr
     assert _result(tmp_path / "run") == _result(tmp_path / "whole")
+
+
+async def test_gepa_reflection_key_from_its_own_variable_is_never_shown(tmp_path: Path) -> None:
+    _setup(tmp_path)
+    key = "refl-FAKEKEY-0123456789"
+    env = cli_env(tmp_path, REFL_KEY=key)
+    turns = [FakeTurn(status=401, error_message=f"Incorrect API key provided: {key}", error_code="invalid_api_key")]
+    async with open_fake_server(turns) as srv:
+        args = [a if a != "scripted/tags-reflect" else "openai-compatible/reflector" for a in ARGS]
+        proc = await trio.run_process(
+            [*CLI, *args, "--reflection-api-base", srv.base_url, "--reflection-api-key-env", "REFL_KEY",
+             "--output", "run", "--max-iterations", "1"],
+            cwd=tmp_path, env=env, capture_stdout=True, capture_stderr=True, check=False, stdin=b"",
+        )  # fmt: skip
+        auth = srv.last_request.headers["authorization"]
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert auth == f"Bearer {key}"  # the reflection model got its key...
+    assert proc.returncode == 0, err
+    assert "Incorrect API key provided: ***" in err  # ...the failed reflection is reported...
+    assert key not in out + err  # ...and the key never shown

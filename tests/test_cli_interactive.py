@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import sys
+import re
 from pathlib import Path
 
 import pexpect
-from cli_support import cli_env
+from cli_support import CLI, cli_env
 
 
 def _spawn(tmp: Path, *args: str) -> pexpect.spawn:
     child = pexpect.spawn(
-        sys.executable,
-        ["-m", "rollouts.cli", "run", *args],
+        CLI[0],
+        [*CLI[1:], "run", *args],
         cwd=str(tmp),
         env=cli_env(tmp),
         encoding="utf-8",
@@ -106,8 +106,8 @@ def test_tool_confirmation_prompt_denies_then_approves(tmp_path: Path) -> None:
 
 def test_ctrl_c_in_a_one_shot_run_exits_130(tmp_path: Path) -> None:
     child = pexpect.spawn(
-        sys.executable,
-        ["-m", "rollouts.cli", "run", "-m", "scripted/slow", "-p", "go on", "--no-session"],
+        CLI[0],
+        [*CLI[1:], "run", "-m", "scripted/slow", "-p", "go on", "--no-session"],
         cwd=str(tmp_path),
         env=cli_env(tmp_path),
         encoding="utf-8",
@@ -117,3 +117,21 @@ def test_ctrl_c_in_a_one_shot_run_exits_130(tmp_path: Path) -> None:
     child.sendintr()
     child.expect_exact("cancelled this turn")
     assert _finish(child) == 130
+
+
+def test_thinking_is_dimmed_on_a_colour_terminal(tmp_path: Path) -> None:
+    env = {k: v for k, v in cli_env(tmp_path).items() if k != "NO_COLOR"}
+    env["TERM"] = "xterm-256color"
+    child = pexpect.spawn(CLI[0], [*CLI[1:], "run", "-m", "scripted/echo", "--no-session"], cwd=str(tmp_path),
+                          env=env, encoding="utf-8", timeout=30)  # fmt: skip
+    child.expect_exact("> ")
+    child.sendline("hi")
+    child.expect_exact("You said: hi")
+    shown = child.before + child.after
+    child.expect_exact("> ")
+    shown += child.before
+    dimmed = "".join(re.findall(r"\x1b\[2m([^\x1b]*)\x1b\[0m", shown))  # ANSI faint ... reset
+    assert "thinking: The user wants their words back." in dimmed
+    assert "You said: hi" in shown and "You said" not in dimmed  # the answer itself is plain
+    child.sendline("/exit")
+    assert _finish(child) == 0

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
 from cli_support import FAKE_KEYS, cli_env, files_containing, run_cli
 
 from rollouts.cli.render import event_from_dict
-from rollouts.dtypes import ToolCall, ToolResult
+from rollouts.dtypes import Message, ToolCall, ToolResult
 from rollouts.events import (
     LLMCallStart,
     StreamDone,
@@ -20,6 +22,7 @@ from rollouts.events import (
     ToolCallEnd,
     ToolResultReceived,
 )
+from rollouts.store import FileSessionStore
 
 
 def test_one_shot_streams_the_answer_to_stdout(tmp_path: Path) -> None:
@@ -96,6 +99,14 @@ def test_provider_failure_exits_non_zero(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert "error: ProviderError: scripted/fail always fails" in r.stderr
     assert r.stdout == ""
+
+
+def test_json_run_failure_exits_non_zero(tmp_path: Path) -> None:
+    r = run_cli("run", "-m", "scripted/fail", "-p", "hi", "--json", "--no-session", "--max-turns", "1", tmp=tmp_path)
+    assert r.returncode == 1
+    end = r.json_lines()[-1]
+    assert end["type"] == "run_end" and end["stop"] == "provider_error"
+    assert "scripted/fail always fails" in end["error"]
 
 
 def test_max_turns_stops_early_with_exit_3(tmp_path: Path) -> None:
@@ -199,15 +210,6 @@ def test_no_key_in_output_with_fake_keys_set(tmp_path: Path) -> None:
     assert files_containing(tmp_path, list(FAKE_KEYS.values())) == []
 
 
-@pytest.mark.parametrize("command", [None, "run", "eval", "doctor"])
-def test_help_shows_examples(tmp_path: Path, command: str | None) -> None:
-    args = ("--help",) if command is None else (command, "--help")
-    r = run_cli(*args, tmp=tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert "examples:" in r.stdout
-    assert "rollouts " in r.stdout.split("examples:")[1]
-
-
 def test_tool_needing_confirmation_is_denied_without_a_terminal_unless_yes(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -221,3 +223,142 @@ def test_tool_needing_confirmation_is_denied_without_a_terminal_unless_yes(tmp_p
     assert r.returncode == 0, r.stderr
     assert (work / "made.txt").read_text() == "hi\n"
     assert "Done. Output:" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("run", "-m", "openai/gpt-4.1", "--api-key", "sk123abc456secret"),
+        ("run", "-m", "openai/gpt-4.1", "--api-key=sk123abc456secret"),
+        ("eval", "data.jsonl", "-m", "openai/gpt-4.1", "--api-key", "sk123abc456secret"),
+        ("gepa", "data.jsonl", "-m", "openai/gpt-4.1", "--reflection-api-key", "sk123abc456secret"),
+    ],
+    ids=["run", "run=", "eval", "gepa-reflection"],
+)
+def test_a_key_given_as_a_flag_is_refused_and_never_repeated(tmp_path: Path, flags: tuple[str, ...]) -> None:
+    r = run_cli(*flags, "-p", "hi", tmp=tmp_path) if flags[0] == "run" else run_cli(*flags, tmp=tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "is not accepted: API keys are never taken from flags" in lines[0]
+    assert "-env NAME" in lines[0]
+    assert "sk123abc456secret" not in r.stdout + r.stderr
+
+
+def test_long_options_are_never_abbreviated(tmp_path: Path) -> None:
+    # argparse would read `--api-key-e VALUE` as `--api-key-env VALUE` and then name VALUE in an error
+    r = run_cli("run", "-m", "openai/gpt-4.1", "--api-key-e", "sk123abc456secret", "-p", "hi", tmp=tmp_path)
+    assert r.returncode == 2
+    assert "unrecognized arguments" in r.stderr
+    assert "is not set" not in r.stderr
+    # and an unknown flag's value, if it is a key in the environment, is scrubbed from argparse's message
+    env = cli_env(tmp_path, **FAKE_KEYS)
+    key = FAKE_KEYS["OPENAI_API_KEY"]
+    r = run_cli("run", "-m", "openai/gpt-4.1", "--apikey", key, "-p", "hi", tmp=tmp_path, env=env)
+    assert r.returncode == 2 and "unrecognized arguments: --apikey ***" in r.stderr
+    assert key not in r.stderr
+
+
+def test_openai_compatible_needs_a_server_url(tmp_path: Path) -> None:
+    r = run_cli("run", "-m", "openai-compatible/my-model", "-p", "hi", "--no-session", tmp=tmp_path)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "openai-compatible/my-model needs the server's URL: pass --api-base URL" in r.stderr
+
+
+def test_api_base_must_be_a_url_and_is_not_repeated(tmp_path: Path) -> None:
+    r = run_cli(
+        "run", "-m", "openai-compatible/m", "--api-base", "sk-not-a-url-123456", "-p", "hi", "--no-session",
+        tmp=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "must be an http:// or https:// URL" in r.stderr
+    assert "sk-not-a-url-123456" not in r.stderr
+
+
+def test_unknown_scripted_model_lists_the_built_in_ones(tmp_path: Path) -> None:
+    r = run_cli("run", "-m", "scripted/nosuch", "-p", "hi", "--no-session", tmp=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        "rollouts: error: no scripted model named 'nosuch'; built-in ones: calculator, echo, fail, shell, slow"
+    )
+
+
+async def _session(tmp: Path, stderr: str) -> tuple[object, list[Message]]:
+    m = re.search(r"session (\S+)  \(continue", stderr)
+    assert m, stderr
+    session, messages = await FileSessionStore(tmp / "sessions").get(m.group(1))
+    return session, list(messages)
+
+
+def _git_repo(path: Path) -> Path:
+    path.mkdir()
+    for cmd in (
+        ["init", "-q"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "0"],
+    ):
+        subprocess.run(["git", *cmd], cwd=path, check=True)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("env", "type_name"),
+    [
+        ("basic", "rollouts.environments.basic:BasicEnvironment"),
+        ("calculator", "rollouts.environments.calculator:CalculatorEnvironment"),
+        ("coding", "rollouts.environments.coding:CodingEnvironment"),
+        ("git", "rollouts.environments.git_worktree:GitWorktreeEnvironment"),
+        ("browsing", "rollouts.environments.browsing:BrowsingEnvironment"),
+    ],
+)
+async def test_every_env_is_built_and_recorded(tmp_path: Path, env: str, type_name: str) -> None:
+    work = _git_repo(tmp_path / "work")  # --cwd for coding and git (the others ignore it)
+    r = run_cli("run", "-m", "scripted/echo", "--env", env, "--cwd", str(work), "-p", "hi", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    session, _ = await _session(tmp_path, r.stderr)
+    assert session.environment_type == type_name  # type: ignore[attr-defined]
+
+
+def test_cwd_chooses_the_directory_coding_and_git_work_in(tmp_path: Path) -> None:
+    r = run_cli("run", "-m", "scripted/echo", "--env", "git", "-p", "hi", "--no-session", tmp=tmp_path)
+    assert r.returncode == 2 and "is not a git repository" in r.stderr  # tmp_path is not one
+    repo = _git_repo(tmp_path / "repo")
+    r = run_cli("run", "-m", "scripted/shell", "--env", "git", "--cwd", str(repo), "-p", "echo hi > made.txt", "--yes",
+                tmp=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert not (repo / "made.txt").exists()  # the agent works in its own worktree of the repository...
+    branches = subprocess.run(["git", "branch", "--list", "rollouts/*"], cwd=repo, capture_output=True, text=True)
+    (branch,) = branches.stdout.split()[-1:]
+    show = subprocess.run(["git", "show", f"{branch}:made.txt"], cwd=repo, capture_output=True, text=True)
+    assert show.stdout == "hi\n"  # ...and commits there
+    work = tmp_path / "work"
+    work.mkdir()
+    r = run_cli("run", "-m", "scripted/shell", "--env", "coding", "--cwd", "work", "-p", "pwd", "--yes",
+                "--no-session", tmp=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert str(work.resolve()) in r.stdout
+
+
+@pytest.mark.parametrize("how", ["text", "file"])
+async def test_system_prompt_starts_the_conversation(tmp_path: Path, how: str) -> None:
+    prompt = "You are terse.\nAnswer in one line."
+    (tmp_path / "sp.txt").write_text(prompt)
+    flag = ("--system-prompt", prompt) if how == "text" else ("--system-prompt-file", "sp.txt")
+    r = run_cli("run", "-m", "scripted/echo", *flag, "-p", "hi", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    _, messages = await _session(tmp_path, r.stderr)
+    assert [(m.role, m.text) for m in messages] == [("system", prompt), ("user", "hi"), ("assistant", "You said: hi")]
+
+
+def test_user_config_file_gives_defaults(tmp_path: Path) -> None:
+    config = tmp_path / "config" / "rollouts" / "config.toml"  # $XDG_CONFIG_HOME/rollouts/config.toml
+    config.parent.mkdir(parents=True)
+    config.write_text('[defaults]\nmodel = "calc"\nenv = "calculator"\nmax_turns = 1\n\n'
+                      '[endpoints.calc]\nmodel = "scripted/calculator"\n')  # fmt: skip
+    r = run_cli("run", "-p", "what is 2 + 3?", "--no-session", tmp=tmp_path)
+    assert r.returncode == 3, r.stderr  # one turn allowed: stopped before the answer
+    assert "  → add(value=2)" in r.stderr.splitlines()  # the calculator's tools
+    assert "max_turns=1" in r.stderr
+    r = run_cli("run", "-p", "what is 2 + 3?", "--max-turns", "5", "--no-session", tmp=tmp_path)  # flags win
+    assert r.returncode == 0, r.stderr
+    assert "The answer is 5." in r.stdout

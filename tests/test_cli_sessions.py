@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import pexpect
-from cli_support import FAKE_KEYS, cli_env, files_containing, run_cli
+from cli_support import CLI, FAKE_KEYS, cli_env, files_containing, run_cli
 
 from rollouts.store import FileSessionStore
 
@@ -87,8 +86,8 @@ def test_no_session_records_nothing(tmp_path: Path) -> None:
 
 async def test_ctrl_c_records_the_partial_message(tmp_path: Path) -> None:
     child = pexpect.spawn(
-        sys.executable,
-        ["-m", "rollouts.cli", "run", "-m", "scripted/slow"],
+        CLI[0],
+        [*CLI[1:], "run", "-m", "scripted/slow"],
         cwd=str(tmp_path),
         env=cli_env(tmp_path),
         encoding="utf-8",

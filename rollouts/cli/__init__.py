@@ -11,15 +11,28 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from rollouts.cli.common import CLIError, HelpFormatter, RedactingStream, redact, secret_values, unwrap_group
+from rollouts.cli.common import (
+    ArgumentParser,
+    CLIError,
+    HelpFormatter,
+    RedactingStream,
+    key_variable_names,
+    redact,
+    secret_values,
+    unwrap_group,
+)
 
 EXAMPLES = """\
 examples:
   rollouts run -m anthropic/claude-sonnet-4-5 -p "What is a trio nursery?"
   rollouts run -m local/qwen2.5-coder-0.5b            # chat offline with the embedded model
   rollouts run -m scripted/calculator --env calculator -p "what is 7 + 5 * 3?"
+  rollouts run -m openai-compatible/qwen --api-base http://127.0.0.1:8000/v1 -p "hi"
   rollouts eval data.jsonl -m openai/gpt-4.1 --score exact_match --output results/
+  rollouts gepa train.jsonl -m local/qwen2.5-coder-0.5b --reflection-model anthropic/claude-sonnet-4-5 \\
+      --score exact_match --system-prompt "Answer briefly." --budget 200
   rollouts sessions list
+  rollouts demo                                      # the whole stack offline, no key
   rollouts doctor
 
 models are written provider/model; API keys are read from the provider's environment variable
@@ -34,7 +47,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("rollouts.cli.eval", "run a dataset through an agent and score it"),
     "sessions": ("rollouts.cli.sessions", "list, show, branch and export recorded sessions"),
     "gepa": ("rollouts.cli.gepa", "evolve a prompt with GEPA"),
-    "demo": ("rollouts.cli.demo", "run the calculator agent demo"),
+    "demo": ("rollouts.cli.demo", "run the demo on the embedded local model (offline, no key)"),
     "doctor": ("rollouts.cli.doctor", "check the installation, keys, local model and storage"),
 }
 
@@ -62,18 +75,12 @@ def _add_command(sub: argparse._SubParsersAction, name: str) -> None:  # type: i
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=lambda args: _missing(reason, name))
         return
-    add_parser = getattr(module, "add_parser", None)
-    if add_parser is not None:
-        add_parser(sub)
-        return
-    # a module with only main(args), such as the demo
-    p = sub.add_parser(name, help=help_text, description=help_text.capitalize() + ".", formatter_class=HelpFormatter)
-    p.set_defaults(func=module.main)
+    module.add_parser(sub)
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The argument parser. Only the subcommand named in `argv` is imported and fully built."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="rollouts",
         description="Run LLM agents as composable, reproducible rollouts.",
         epilog=EXAMPLES,
@@ -92,19 +99,32 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _guard_output(secrets: list[str], names: tuple[str, ...]) -> None:
+    """From now on, the values of the variables `names` never reach stdout or stderr."""
+    new = [v for v in secret_values(names) if v not in secrets]
+    if not new:
+        return
+    secrets.extend(new)
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, RedactingStream):
+            stream.add(new)
+        else:
+            setattr(sys, name, RedactingStream(stream, secrets))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(args_list)
-    args = parser.parse_args(args_list)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    extra = (args.api_key_env,) if getattr(args, "api_key_env", None) else ()
-    secrets = secret_values(extra)
-    if secrets:  # whatever is printed, a key value never reaches the terminal or a pipe
-        sys.stdout = RedactingStream(sys.stdout, secrets)  # type: ignore[assignment]
-        sys.stderr = RedactingStream(sys.stderr, secrets)  # type: ignore[assignment]
+    secrets: list[str] = []
     try:
+        # before parsing too: argparse repeats arguments it does not know (`--apikey $KEY`)
+        _guard_output(secrets, key_variable_names())
+        parser = build_parser(args_list)
+        args = parser.parse_args(args_list)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        _guard_output(secrets, key_variable_names(args))  # + the variables named by flags
         try:
             return int(args.func(args) or 0)
         except BaseExceptionGroup as group:
@@ -113,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             raise single from None
     except CLIError as e:
-        print(f"rollouts: error: {redact(str(e))}", file=sys.stderr)
+        print(f"rollouts: error: {redact(str(e), secrets)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -124,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not isinstance(e, RolloutsError):
             raise
         code = 2 if isinstance(e, ConfigurationError) else 1
-        message = " ".join(redact(str(e), extra).split())  # one line
+        message = " ".join(redact(str(e), secrets).split())  # one line
         print(f"rollouts: error: {message}", file=sys.stderr)
         return code
 

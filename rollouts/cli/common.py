@@ -16,7 +16,7 @@ import trio
 
 from rollouts.config import BaseModelConfig, RolloutsConfig, load_config, resolve_model
 from rollouts.dtypes import Endpoint
-from rollouts.errors import ConfigurationError, RolloutsError
+from rollouts.errors import RolloutsError
 from rollouts.store.files import DEFAULT_SESSIONS_DIR, SESSIONS_DIR_ENV
 
 ENVIRONMENTS: dict[str, str] = {
@@ -37,10 +37,40 @@ class CLIError(RolloutsError):
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the examples in epilogs as written, with defaults shown for flags."""
+    """Keeps the examples in epilogs as written."""
 
     def __init__(self, prog: str) -> None:
         super().__init__(prog, max_help_position=32)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """An ArgumentParser that takes no abbreviated long options, so that `--api-key VALUE` can
+    never be read as `--api-key-env VALUE` (and a key echoed back as a variable name)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+class _RefuseKeyFlag(argparse.Action):
+    """`--api-key VALUE`: refused with a message that never repeats VALUE."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.pop("nargs", None)
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
+        env_flag = (option or "--api-key") + "-env"
+        raise CLIError(
+            f"{option} is not accepted: API keys are never taken from flags (they end up in shell history "
+            f"and process lists). Put the key in an environment variable: the provider's usual one "
+            f"(ANTHROPIC_API_KEY, OPENAI_API_KEY, GEMINI_API_KEY) or any NAME given with {env_flag} NAME"
+        )
+
+
+def refuse_key_flag(parser: Any, flag: str) -> None:
+    """Make `flag` (e.g. --api-key) an error that explains where keys go."""
+    parser.add_argument(flag, action=_RefuseKeyFlag)
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -61,17 +91,17 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         help="read the API key from this environment variable instead of the provider's usual one "
         "(keys are never taken from flags)",
     )
+    refuse_key_flag(g, "--api-key")
     g.add_argument("--max-tokens", type=int, metavar="N", help="maximum output tokens per model call")
     g.add_argument("--temperature", type=float, metavar="T", help="sampling temperature")
 
 
-def add_env_args(parser: argparse.ArgumentParser, default: str | None = "basic") -> None:
+def add_env_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("environment")
     g.add_argument(
         "--env",
         choices=sorted(ENVIRONMENTS),
-        default=default,
-        help="the tools the agent gets (default: %(default)s)",
+        help="the tools the agent gets (default: [defaults] env in rollouts.toml, else basic)",
     )
     g.add_argument("--cwd", metavar="DIR", help="working directory for --env coding/git (default: current directory)")
 
@@ -104,13 +134,38 @@ def endpoint_from_args(args: argparse.Namespace, config: RolloutsConfig) -> Endp
     return model_config_from_args(args, config).to_endpoint()
 
 
-def rekey_endpoint(endpoint: Endpoint, api_key_env: str | None = None) -> Endpoint:
-    """A stored endpoint (saved without its key) with the key read from the environment again."""
+def check_model_available(endpoint: Endpoint, user_modules: bool = False) -> None:
+    """CLIError now, rather than a failed model call later, for a scripted model nobody defined.
+    With `user_modules`, call it after importing them (--score, --prepare): they may define some."""
+    if endpoint.provider != "scripted":
+        return
+    from rollouts.cli.scripted_models import BUILTIN_SCRIPTED_MODELS
+    from rollouts.providers.scripted import get_scripted_model
+
+    try:
+        get_scripted_model(endpoint.model)
+    except RolloutsError:
+        raise CLIError(
+            f"no scripted model named {endpoint.model!r}; built-in ones: {', '.join(sorted(BUILTIN_SCRIPTED_MODELS))}"
+            + (
+                " (a --score or --prepare module can define more with ScriptedModel(..., name=...))"
+                if user_modules
+                else ""
+            )
+        ) from None
+
+
+def rekey_endpoint(endpoint: Endpoint, api_key_env: str | None = None, api_base: str | None = None) -> Endpoint:
+    """A stored endpoint (saved without its key) with the key read from the environment again
+    (and another server URL, if given)."""
     cfg = BaseModelConfig(
-        model=endpoint.model, provider=endpoint.provider, api_base=endpoint.api_base, api_key_env=api_key_env
+        model=endpoint.model,
+        provider=endpoint.provider,
+        api_base=api_base or endpoint.api_base,
+        api_key_env=api_key_env,
     )
     fresh = cfg.to_endpoint()
-    return replace(endpoint, api_key=fresh.api_key)
+    return replace(endpoint, api_key=fresh.api_key, api_base=fresh.api_base)
 
 
 def sessions_dir(args: argparse.Namespace, config: RolloutsConfig) -> Path:
@@ -204,22 +259,34 @@ def read_system_prompt(args: argparse.Namespace, config: RolloutsConfig) -> str 
     return str(default) if default else None
 
 
-def config_error_exit_code(e: Exception) -> int:
-    return 2 if isinstance(e, ConfigurationError) else 1
-
-
-def secret_values(extra_env_names: tuple[str, ...] = ()) -> list[str]:
-    """The values of every API-key variable we know of (to scrub them from messages)."""
+def key_variable_names(args: argparse.Namespace | None = None) -> tuple[str, ...]:
+    """Every environment variable an API key may be read from in this command: the providers'
+    usual ones, those named by flags (--api-key-env, --reflection-api-key-env, ...) and those
+    the config files' endpoints name with api_key_env."""
     from rollouts.config import PROVIDER_KEY_ENV
 
-    names = {n for names in PROVIDER_KEY_ENV.values() for n in names} | set(extra_env_names)
+    names = [n for names in PROVIDER_KEY_ENV.values() for n in names]
+    for flag, value in sorted(vars(args).items()) if args is not None else ():
+        if flag.endswith("api_key_env") and isinstance(value, str) and value:
+            names.append(value)
+    try:
+        config = load_config()
+    except RolloutsError:  # a broken config file is reported by the command that reads it
+        config = RolloutsConfig()
+    names += [ep.api_key_env for ep in config.endpoints.values() if ep.api_key_env]
+    return tuple(dict.fromkeys(names))
+
+
+def secret_values(names: tuple[str, ...]) -> list[str]:
+    """The values of the variables `names` (to scrub them from anything printed)."""
     return [v for v in (os.environ.get(n, "").strip() for n in names) if len(v) >= 4]
 
 
-def redact(text: str, extra_env_names: tuple[str, ...] = ()) -> str:
-    """`text` with any API key value replaced by ***."""
-    for value in secret_values(extra_env_names):
-        text = text.replace(value, "***")
+def redact(text: str, secrets: list[str]) -> str:
+    """`text` with every value in `secrets` replaced by *** (longest first)."""
+    for value in sorted(secrets, key=len, reverse=True):
+        if value in text:
+            text = text.replace(value, "***")
     return text
 
 
@@ -230,11 +297,11 @@ class RedactingStream:
         self._stream = stream
         self._secrets = sorted(set(secrets), key=len, reverse=True)
 
+    def add(self, secrets: list[str]) -> None:
+        self._secrets = sorted(set(self._secrets) | set(secrets), key=len, reverse=True)
+
     def write(self, text: str) -> int:
-        for value in self._secrets:
-            if value in text:
-                text = text.replace(value, "***")
-        return int(self._stream.write(text))
+        return int(self._stream.write(redact(text, self._secrets)))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rollouts.cli.common import SESSIONS_DIR_ENV, HelpFormatter, add_sessions_dir_arg, get_config, sessions_dir
-from rollouts.config import PROVIDER_KEY_ENV, config_paths, known_providers
+from rollouts.config import PROVIDER_KEY_ENV, RolloutsConfig, known_providers
 from rollouts.errors import ConfigurationError
 
 EXAMPLES = """\
@@ -51,12 +51,15 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _keys() -> list[dict[str, Any]]:
-    out = []
-    for provider, names in PROVIDER_KEY_ENV.items():
-        set_names = [n for n in names if os.environ.get(n, "").strip()]
-        out.append({"provider": provider, "variables": list(names), "set": set_names})
-    return out
+def _keys(config: RolloutsConfig) -> list[dict[str, Any]]:
+    """Per provider (and per config endpoint with its own api_key_env): which variables hold its
+    key and which of them are set. Never the values."""
+    rows: list[tuple[str, tuple[str, ...]]] = list(PROVIDER_KEY_ENV.items())
+    rows += [(f"endpoint {name}", (ep.api_key_env,)) for name, ep in config.endpoints.items() if ep.api_key_env]
+    return [
+        {"provider": who, "variables": list(names), "set": [n for n in names if os.environ.get(n, "").strip()]}
+        for who, names in rows
+    ]
 
 
 def _local_model(verify: bool) -> dict[str, Any]:
@@ -84,25 +87,34 @@ def _count_dirs(path: Path) -> int | None:
         return None
 
 
+def _source(flag_value: Any, env_name: str, config: RolloutsConfig, key: str, flag: str) -> str:
+    """Which setting chose a directory: the flag, the environment, a config file, or the default."""
+    if flag_value:
+        return flag
+    if os.environ.get(env_name):
+        return f"${env_name}"
+    if config.defaults.get(key):
+        return f"[defaults] {key} in {config.sources[-1] if config.sources else 'the config'}"
+    return "default"
+
+
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     """The doctor's findings as a JSON-safe dict."""
-    from rollouts.cli.eval import DEFAULT_RESULTS_DIR, RESULTS_DIR_ENV
+    from rollouts.cli.tasks import RESULTS_DIR_ENV, results_root
 
     report: dict[str, Any] = {
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "packages": {name: _version(name) for name in _PACKAGES},
         "providers": known_providers(),
-        "keys": _keys(),
     }
     try:
         config = get_config()
-        report["config_files"] = [str(p) for p in config_paths()]
+        report["config_files"] = [str(p) for p in config.sources]
     except ConfigurationError as e:
-        from rollouts.config import RolloutsConfig
-
         config = RolloutsConfig()
         report["config_files"] = []
         report["config_error"] = str(e)
+    report["keys"] = _keys(config)
     report["endpoints"] = sorted(config.endpoints)
     report["default_model"] = config.defaults.get("model")
     sdir = sessions_dir(args, config)
@@ -110,12 +122,16 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         "dir": str(sdir),
         "exists": sdir.is_dir(),
         "count": _count_dirs(sdir),
-        "from": "--sessions-dir"
-        if getattr(args, "sessions_dir", None)
-        else (f"${SESSIONS_DIR_ENV}" if os.environ.get(SESSIONS_DIR_ENV) else "default"),
+        "from": _source(
+            getattr(args, "sessions_dir", None), SESSIONS_DIR_ENV, config, "sessions_dir", "--sessions-dir"
+        ),
     }
-    rdir = Path(str(os.environ.get(RESULTS_DIR_ENV) or config.defaults.get("results_dir") or DEFAULT_RESULTS_DIR))
-    report["results"] = {"dir": str(rdir.expanduser().resolve()), "exists": rdir.is_dir()}
+    rdir = results_root(config)
+    report["results"] = {
+        "dir": str(rdir.resolve()),
+        "exists": rdir.is_dir(),
+        "from": _source(None, RESULTS_DIR_ENV, config, "results_dir", ""),
+    }
     report["local_model"] = _local_model(verify=not args.no_verify)
     return report
 
@@ -155,7 +171,7 @@ def _text(report: dict[str, Any]) -> str:
     count = f"{s['count']} sessions" if s["count"] is not None else "not created yet"
     lines.append(f"sessions: {s['dir']} ({count}; from {s['from']})")
     r = report["results"]
-    lines.append(f"results: {r['dir']}{'' if r['exists'] else ' (not created yet)'}")
+    lines.append(f"results: {r['dir']} ({'exists' if r['exists'] else 'not created yet'}; from {r['from']})")
     return "\n".join(lines)
 
 

@@ -8,11 +8,10 @@ resumes: finished samples are reused and only missing or failed ones run.
 from __future__ import annotations
 
 import argparse
-import os
-import re
+import json
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +22,22 @@ from rollouts.cli.common import (
     HelpFormatter,
     add_env_args,
     add_model_args,
-    environment_class,
+    check_model_available,
     get_config,
     load_callable,
-    make_environment,
     model_config_from_args,
     read_system_prompt,
 )
-from rollouts.config import RolloutsConfig
-from rollouts.dtypes import Message
+from rollouts.cli.tasks import (
+    builtin_scorers,
+    check_minimums,
+    environment_factory,
+    load_dataset,
+    resolve_scorer,
+    results_root,
+    slug,
+    with_system_prompt,
+)
 
 EXAMPLES = """\
 examples:
@@ -53,9 +59,6 @@ exit status: 0 every sample completed, 1 some samples failed, 2 usage or configu
 130 interrupted by Ctrl-C (finished samples are kept; run again to resume).
 """
 
-RESULTS_DIR_ENV = "ROLLOUTS_RESULTS_DIR"
-DEFAULT_RESULTS_DIR = "results"
-
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
@@ -67,7 +70,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("dataset", nargs="?", metavar="DATASET", help="a .jsonl or .csv file")
     add_model_args(p)
-    add_env_args(p, default="basic")
+    add_env_args(p)
     g = p.add_argument_group("evaluation")
     g.add_argument("--prepare", metavar="MODULE:FUNCTION", help="row -> list of Messages (sync or async)")
     g.add_argument("--score", metavar="NAME|MODULE:FUNCTION", help="built-in scorer name or Sample -> Score function")
@@ -90,94 +93,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print the final report as JSON instead of a table")
     p.set_defaults(func=main)
     return p
-
-
-# --------------------------------------------------------------------------------------------
-# scorers and datasets
-# --------------------------------------------------------------------------------------------
-
-
-def _scorers_module() -> Any:
-    try:
-        import rollouts.scorers as scorers  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    return scorers
-
-
-def _metric_factories() -> dict[str, tuple[Callable[[], Any], str]]:
-    """Name -> (metric function factory, description), built from rollouts.scorers."""
-    mod = _scorers_module()
-    if mod is None:
-        return {}
-    return {
-        "exact_match": (lambda: mod.exact_match(), "the response equals the row's answer (normalised)"),
-        "exact_match_tag": (
-            lambda: mod.exact_match(extract=mod.extract_tag("answer")),
-            "the text inside <answer>...</answer> equals the row's answer",
-        ),
-        "boxed_match": (
-            lambda: mod.exact_match(extract=mod.extract_boxed),
-            "the \\boxed{...} answer equals the row's answer",
-        ),
-        "numeric_match": (lambda: mod.numeric_match(), "the last number in the response equals the answer"),
-        "contains": (lambda: mod.contains(), "the row's answer appears in the response"),
-    }
-
-
-def builtin_scorers() -> dict[str, str]:
-    """Built-in scorer names and what they check. Combine several with commas:
-    `--score exact_match,contains` (each metric weighted 1)."""
-    return {name: doc for name, (_, doc) in _metric_factories().items()}
-
-
-def _resolve_scorer(ref: str) -> Callable[..., Any]:
-    if ":" in ref:
-        return load_callable(ref, "--score")
-    factories = _metric_factories()
-    names = [n.strip() for n in ref.split(",") if n.strip()]
-    unknown = [n for n in names if n not in factories]
-    if unknown or not names:
-        known = ", ".join(sorted(factories)) or "(none: rollouts.scorers is not installed)"
-        raise CLIError(
-            f"unknown scorer {', '.join(unknown) or ref!r}; built-in scorers: {known}; or pass module:function"
-        )
-    mod = _scorers_module()
-    specs = [mod.metric(n, factories[n][0](), weight=1.0) for n in names]
-    fn: Callable[..., Any] = mod.combine(*specs)
-    return fn
-
-
-def _load_dataset(path: str) -> Any:
-    from rollouts.eval_io import load_csv, load_jsonl
-
-    p = Path(path)
-    if not p.is_file():
-        raise CLIError(f"dataset {path!r} does not exist")
-    suffix = p.suffix.lower()
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        return load_jsonl(p)
-    if suffix in (".csv", ".tsv"):
-        return load_csv(p, delimiter="\t") if suffix == ".tsv" else load_csv(p)
-    raise CLIError(f"dataset {path!r}: unknown format {suffix or '(no extension)'}; use .jsonl or .csv")
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:80] or "eval"
-
-
-def _with_system(prepare: Callable[..., Any], system_prompt: str) -> Callable[..., Any]:
-    async def prepare_with_system(row: Mapping[str, Any]) -> Sequence[Message]:
-        out = prepare(row)
-        if hasattr(out, "__await__"):
-            out = await out
-        msgs = list(out)
-        if msgs and msgs[0].role == "system":
-            return msgs
-        return [Message("system", system_prompt), *msgs]
-
-    prepare_with_system.__qualname__ = f"{getattr(prepare, '__qualname__', 'prepare')}+system_prompt"
-    return prepare_with_system
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,7 +130,9 @@ def summary_text(report: Any) -> str:
     for name, st in s["metrics"].items():
         rows.append([name, _fmt(st["mean"]), _fmt(st["min"]), _fmt(st["max"]), _fmt(st["std"])])
     t = s["tokens"]
-    tail = f"tokens {t['total']} (in {t['input']}, out {t['output']}), cost ${s['cost_usd']:.4f}"
+    parts = [("in", "input"), ("cache read", "cache_read"), ("cache write", "cache_write"), ("out", "output")]
+    split = ", ".join(f"{label} {t[key]}" for label, key in parts if t.get(key) or key in ("input", "output"))
+    tail = f"tokens {t['total']} ({split}), cost ${s['cost_usd']:.4f}"
     if s["turns"]["mean"] is not None:
         tail += f", turns/sample {s['turns']['mean']:.2f}"
     lines = [head, "", format_table(rows), "", tail]
@@ -232,11 +149,6 @@ def summary_text(report: Any) -> str:
 # --------------------------------------------------------------------------------------------
 # main
 # --------------------------------------------------------------------------------------------
-
-
-def _results_root(config: RolloutsConfig) -> Path:
-    chosen = os.environ.get(RESULTS_DIR_ENV) or config.defaults.get("results_dir") or DEFAULT_RESULTS_DIR
-    return Path(str(chosen)).expanduser()
 
 
 async def _run(dataset: Any, eval_config: Any) -> tuple[Any, bool]:
@@ -270,42 +182,29 @@ async def _run(dataset: Any, eval_config: Any) -> tuple[Any, bool]:
 
 def main(args: argparse.Namespace) -> int:
     if args.list_scorers:
-        table = builtin_scorers()
-        if not table:
-            print("no built-in scorers installed (rollouts.scorers); use --score module:function")
-            return 0
-        for name, doc in sorted(table.items()):
+        for name, doc in sorted(builtin_scorers().items()):
             print(f"{name:18s} {doc}")
         print("combine several with commas (--score exact_match,contains), or pass module:function")
         return 0
     if not args.dataset:
         raise CLIError("give a dataset file: rollouts eval DATA.jsonl -m provider/model")
-    for flag in ("max_concurrent", "max_samples", "max_turns"):
-        value = getattr(args, flag)
-        if value is not None and value < (0 if flag == "max_samples" else 1):
-            raise CLIError(f"--{flag.replace('_', '-')} must be at least {0 if flag == 'max_samples' else 1}")
-    try:
-        from rollouts.evaluation import EvalConfig, default_prepare_messages
-    except ImportError as e:
-        raise CLIError(f"`rollouts eval` needs rollouts.evaluation, which is not available ({e})", 1) from None
+    check_minimums(args, {"max_concurrent": 1, "max_samples": 0, "max_turns": 1, "provider_retries": 0})
+    if args.sample_timeout is not None and args.sample_timeout <= 0:
+        raise CLIError("--sample-timeout must be a positive number of seconds")
+    from rollouts.evaluation import EvalConfig, default_prepare_messages
+
     config = get_config()
-    model_cfg = model_config_from_args(args, config)
-    endpoint = model_cfg.to_endpoint()
-    dataset = _load_dataset(args.dataset)
+    endpoint = model_config_from_args(args, config).to_endpoint()
+    dataset = load_dataset(args.dataset)
     prepare = load_callable(args.prepare, "--prepare") if args.prepare else default_prepare_messages
     system_prompt = read_system_prompt(args, config)
     if system_prompt:
-        prepare = _with_system(prepare, system_prompt)
-    score_fn = _resolve_scorer(args.score) if args.score else None
-    env_name, cwd = args.env or "basic", args.cwd
-    environment_class(env_name)  # fail now, not once per sample
-
-    async def environment_factory() -> Any:
-        return await make_environment(env_name, cwd, confirm=False)
-
-    environment_factory.__qualname__ = f"cli_environment[{env_name}]"
-    name = args.name or _slug(f"{Path(args.dataset).stem}-{endpoint.provider}-{endpoint.model}")
-    output = Path(args.output).expanduser() if args.output else _results_root(config) / name
+        prepare = with_system_prompt(prepare, system_prompt)
+    score_fn = resolve_scorer(args.score) if args.score else None
+    check_model_available(endpoint, user_modules=True)  # (after the user's modules, which may define scripted models)
+    factory = environment_factory(args.env or str(config.defaults.get("env") or "basic"), args.cwd)
+    name = args.name or slug(f"{Path(args.dataset).stem}-{endpoint.provider}-{endpoint.model}")
+    output = Path(args.output).expanduser() if args.output else results_root(config) / name
     max_concurrent = args.max_concurrent or int(config.defaults.get("max_concurrent") or 8)
     if output.exists() and not args.json:
         print(f"resuming in {output}", file=sys.stderr)
@@ -313,7 +212,7 @@ def main(args: argparse.Namespace) -> int:
         endpoint=endpoint,
         score_fn=score_fn,
         prepare_messages=prepare,
-        environment_factory=environment_factory,
+        environment_factory=factory,
         max_turns=args.max_turns,
         max_samples=args.max_samples,
         max_concurrent=max_concurrent,
@@ -328,8 +227,6 @@ def main(args: argparse.Namespace) -> int:
     if report is None:
         return 130
     if args.json:
-        import json
-
         print(json.dumps(report.to_dict(), ensure_ascii=False))
     else:
         print(summary_text(report))

@@ -21,18 +21,16 @@ import trio
 from rollouts.cli.common import (
     CLIError,
     HelpFormatter,
-    RedactingStream,
     add_env_args,
     add_model_args,
-    environment_class,
+    check_model_available,
     get_config,
     load_callable,
-    make_environment,
     model_config_from_args,
     read_system_prompt,
-    secret_values,
+    refuse_key_flag,
 )
-from rollouts.cli.eval import _load_dataset, _resolve_scorer, _results_root, _slug
+from rollouts.cli.tasks import check_minimums, environment_factory, load_dataset, resolve_scorer, results_root, slug
 from rollouts.config import resolve_model
 
 EXAMPLES = """\
@@ -68,11 +66,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("dataset", metavar="TRAIN", help="training rows (.jsonl or .csv): the reflection minibatches")
     add_model_args(p)
-    add_env_args(p, default="basic")
+    add_env_args(p)
     r = p.add_argument_group("reflection model")
     r.add_argument("--reflection-model", metavar="PROVIDER/MODEL", help="the model that proposes new prompts")
     r.add_argument("--reflection-api-base", metavar="URL", help="its server URL (openai-compatible)")
     r.add_argument("--reflection-api-key-env", metavar="NAME", help="read its API key from this variable")
+    refuse_key_flag(r, "--reflection-api-key")
     r.add_argument("--reflection-max-tokens", type=int, metavar="N", help="its maximum output tokens")
     t = p.add_argument_group("task")
     t.add_argument("--val", metavar="FILE", help="validation rows (default: the training rows)")
@@ -125,13 +124,6 @@ def _seed_candidate(args: argparse.Namespace, config: Any) -> dict[str, str]:
     return {"system_prompt": text}
 
 
-def _check_numbers(args: argparse.Namespace) -> None:
-    for flag in ("budget", "minibatch", "max_concurrent", "max_turns", "no_improvement"):
-        value = getattr(args, flag)
-        if value is not None and value < (0 if flag == "budget" else 1):
-            raise CLIError(f"--{flag.replace('_', '-')} must be at least {0 if flag == 'budget' else 1}")
-
-
 async def _run(kwargs: dict[str, Any]) -> tuple[Any, bool]:
     """optimize() under a SIGINT receiver: Ctrl-C ends the run with the best so far."""
     from rollouts.gepa import optimize
@@ -156,14 +148,10 @@ async def _run(kwargs: dict[str, Any]) -> tuple[Any, bool]:
 
 
 def main(args: argparse.Namespace) -> int:
-    _check_numbers(args)
+    check_minimums(args, {"budget": 0, "minibatch": 1, "max_concurrent": 1, "max_turns": 1, "no_improvement": 1})
     from rollouts.evaluation import EvalConfig, default_prepare_messages
     from rollouts.gepa.checkpoint import STATE_FILE
 
-    if args.reflection_api_key_env:  # its key is scrubbed from the output like the task model's
-        secrets = secret_values((args.reflection_api_key_env,))
-        sys.stdout = RedactingStream(sys.stdout, secrets)  # type: ignore[assignment]
-        sys.stderr = RedactingStream(sys.stderr, secrets)  # type: ignore[assignment]
     config = get_config()
     if not args.reflection_model:
         raise CLIError("give the reflection model: --reflection-model PROVIDER/MODEL (it proposes the new prompts)")
@@ -172,7 +160,7 @@ def main(args: argparse.Namespace) -> int:
     if args.budget is None and not (args.max_iterations or args.timeout or args.score_threshold or args.no_improvement):
         raise CLIError("give a budget: --budget N (metric calls), or a stop condition such as --max-iterations N")
     seed = _seed_candidate(args, config)
-    score_fn = _resolve_scorer(args.score)  # (a module:function scorer is imported before any model call)
+    score_fn = resolve_scorer(args.score)  # (a module:function scorer is imported before any model call)
     prepare = load_callable(args.prepare, "--prepare") if args.prepare else default_prepare_messages
     endpoint = model_config_from_args(args, config).to_endpoint()
     reflection = resolve_model(
@@ -182,24 +170,20 @@ def main(args: argparse.Namespace) -> int:
         api_key_env=args.reflection_api_key_env,
         max_tokens=args.reflection_max_tokens,
     ).to_endpoint()
-    train = list(_load_dataset(args.dataset))
-    val = list(_load_dataset(args.val)) if args.val else None
-    env_name, cwd = args.env or "basic", args.cwd
-    environment_class(env_name)
-
-    async def environment_factory() -> Any:
-        return await make_environment(env_name, cwd, confirm=False)
-
-    environment_factory.__qualname__ = f"cli_environment[{env_name}]"
-    name = _slug(f"gepa-{Path(args.dataset).stem}-{endpoint.provider}-{endpoint.model}")
-    output = Path(args.output).expanduser() if args.output else _results_root(config) / name
+    for ep in (endpoint, reflection):
+        check_model_available(ep, user_modules=True)
+    train = list(load_dataset(args.dataset))
+    val = list(load_dataset(args.val)) if args.val else None
+    factory = environment_factory(args.env or str(config.defaults.get("env") or "basic"), args.cwd)
+    name = slug(f"gepa-{Path(args.dataset).stem}-{endpoint.provider}-{endpoint.model}")
+    output = Path(args.output).expanduser() if args.output else results_root(config) / name
     if (output / STATE_FILE).exists() and not args.json:
         print(f"resuming in {output}", file=sys.stderr)
     task = EvalConfig(
         endpoint=endpoint,
         score_fn=score_fn,
         prepare_messages=prepare,
-        environment_factory=environment_factory,
+        environment_factory=factory,
         max_turns=args.max_turns,
         max_concurrent=args.max_concurrent or int(config.defaults.get("max_concurrent") or 8),
         sample_timeout_s=args.sample_timeout,

@@ -6,7 +6,7 @@ captures just the answer while a terminal shows everything in order.
 
 JSON output (`--json`): one JSON object per line on stdout, one per stream event
 (`{"type": "text_delta", "content_index": 0, "delta": "Hel"}`) plus run-level records
-(`session`, `user_message`, `run_end`). `event_to_dict` / `event_from_dict` convert both ways.
+(`user_message`, `run_end`). `event_to_dict` / `event_from_dict` convert both ways.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from rollouts.cli.common import (
     add_env_args,
     add_model_args,
     add_sessions_dir_arg,
+    check_model_available,
     endpoint_from_args,
     get_config,
     make_environment,
@@ -82,7 +83,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("-p", "--prompt", metavar="TEXT", help="ask one question and exit ('-' reads it from stdin)")
     p.add_argument("--json", action="store_true", help="print one JSON object per event instead of text")
     add_model_args(p)
-    add_env_args(p, default=None)
+    add_env_args(p)
     g = p.add_argument_group("agent")
     g.add_argument("--system-prompt", metavar="TEXT", help="system prompt for a new session")
     g.add_argument("--system-prompt-file", metavar="FILE", help="read the system prompt from FILE")
@@ -211,13 +212,7 @@ async def _load_session(store: Any, session_id: str) -> tuple[Any, list[Message]
 async def _branch(store: Any, session_id: str, at: int, n_messages: int) -> str:
     if not 0 <= at <= n_messages:
         raise CLIError(f"--branch-at {at}: session {session_id} has {n_messages} messages (use 0..{n_messages})")
-    branch = getattr(store, "branch", None)
-    if branch is None:
-        raise CLIError("this session store cannot branch sessions")
-    try:
-        new = await branch(session_id, at, tags={"source": "cli"})
-    except TypeError:
-        new = await branch(session_id, at)
+    new = await store.branch(session_id, at, tags={"source": "cli"})
     return str(new.session_id)
 
 
@@ -239,6 +234,13 @@ def _pending_calls(messages: Sequence[Message]) -> tuple[tuple[Any, ...], int]:
     return (), 0
 
 
+def _stored_endpoint(session: Any, args: argparse.Namespace) -> Endpoint:
+    """A continued session's own endpoint, its key read again, with the flags given applied."""
+    endpoint = rekey_endpoint(session.endpoint, args.api_key_env, args.api_base)
+    changes = {k: getattr(args, k) for k in ("max_tokens", "temperature") if getattr(args, k) is not None}
+    return replace(endpoint, **changes) if changes else endpoint
+
+
 async def _setup(args: argparse.Namespace, config: RolloutsConfig, store: Any, system_prompt: str | None) -> _Setup:
     if args.session:
         session, messages = await _load_session(store, args.session)
@@ -246,9 +248,7 @@ async def _setup(args: argparse.Namespace, config: RolloutsConfig, store: Any, s
         if args.branch_at is not None:
             session_id = await _branch(store, args.session, args.branch_at, len(messages))
             session, messages = await _load_session(store, session_id)
-        endpoint: Endpoint = (
-            endpoint_from_args(args, config) if args.model else rekey_endpoint(session.endpoint, args.api_key_env)
-        )
+        endpoint: Endpoint = endpoint_from_args(args, config) if args.model else _stored_endpoint(session, args)
         env = await _environment_from_session(session, args)
         calls, done = _pending_calls(messages)
         state = AgentState(
@@ -260,6 +260,7 @@ async def _setup(args: argparse.Namespace, config: RolloutsConfig, store: Any, s
         )
         return _Setup(state, _env_name(env), store)
     endpoint = endpoint_from_args(args, config)
+    check_model_available(endpoint)
     env_name = args.env or str(config.defaults.get("env") or "basic")
     env = await make_environment(env_name, args.cwd, confirm=not args.yes)
     initial: tuple[Message, ...] = (Message("system", system_prompt),) if system_prompt else ()
@@ -531,14 +532,7 @@ def main(args: argparse.Namespace) -> int:
         raise CLIError(f"--cwd {args.cwd}: no such directory")
     config = get_config()
     system_prompt = read_system_prompt(args, config)
-    store = None
-    if not args.no_session:
-        try:
-            store = open_session_store(sessions_dir(args, config))
-        except CLIError:
-            if args.session:
-                raise
-            print("rollouts: warning: this run is not recorded (no session store installed)", file=sys.stderr)
+    store = None if args.no_session else open_session_store(sessions_dir(args, config))
     return trio.run(_main_async, args, config, store, system_prompt)
 
 

@@ -48,6 +48,49 @@ exit status: 0 done, 1 a session is damaged, 2 usage error (unknown session, bad
 
 _LIST_LIMIT = 20
 
+# each action's own examples (`rollouts sessions ACTION --help`)
+_ACTION_EXAMPLES = {
+    "list": """\
+examples:
+  rollouts sessions list                                  # the 20 newest sessions
+  rollouts sessions list --status aborted --limit 0       # every aborted one
+  rollouts sessions list --tag source=cli --json | jq -r .session_id
+""",
+    "show": """\
+examples:
+  rollouts sessions show ID
+  rollouts sessions show ID | less -R
+""",
+    "tree": """\
+examples:
+  rollouts sessions tree ID                               # from the root session, every branch
+""",
+    "branch": """\
+examples:
+  rollouts sessions branch ID --at 4                      # prints the new session's id
+  rollouts run --session NEW_ID -p "try it another way"   # ... then continue it
+  rollouts sessions branch ID --at 2 --tag experiment=b   # tag the new session
+""",
+    "export": """\
+examples:
+  rollouts sessions export ID                             # Markdown on stdout
+  rollouts sessions export ID --format html -o chat.html
+  rollouts sessions export ID --format jsonl | jq .role
+""",
+}
+
+
+def _action(actions: Any, name: str, common: argparse.ArgumentParser, help_text: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = actions.add_parser(
+        name,
+        parents=[common],
+        help=help_text,
+        description=help_text[0].upper() + help_text[1:] + ".",
+        epilog=_ACTION_EXAMPLES[name],
+        formatter_class=HelpFormatter,
+    )
+    return parser
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -61,7 +104,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION")
 
-    ls = actions.add_parser("list", parents=[common], help="sessions, newest first", formatter_class=HelpFormatter)
+    ls = _action(actions, "list", common, "sessions, newest first")
     ls.add_argument("--status", action="append", choices=[s.value for s in SessionStatus], help="only this status")
     ls.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="only sessions with this tag")
     ls.add_argument(
@@ -70,27 +113,21 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true", help="one JSON object per session")
     ls.set_defaults(func=main, run=_list)
 
-    show = actions.add_parser("show", parents=[common], help="a session's messages", formatter_class=HelpFormatter)
+    show = _action(actions, "show", common, "a session's messages")
     show.add_argument("session_id", metavar="ID")
     show.set_defaults(func=main, run=_show)
 
-    tree = actions.add_parser(
-        "tree", parents=[common], help="a session and its branches", formatter_class=HelpFormatter
-    )
+    tree = _action(actions, "tree", common, "a session and its branches")
     tree.add_argument("session_id", metavar="ID")
     tree.set_defaults(func=main, run=_tree)
 
-    br = actions.add_parser(
-        "branch", parents=[common], help="a new session from the first N messages", formatter_class=HelpFormatter
-    )
+    br = _action(actions, "branch", common, "a new session from the first N messages")
     br.add_argument("session_id", metavar="ID")
     br.add_argument("--at", type=int, required=True, metavar="N", help="keep messages 0..N-1 (0 keeps none)")
     br.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="a tag for the new session")
     br.set_defaults(func=main, run=_branch)
 
-    ex = actions.add_parser(
-        "export", parents=[common], help="write a session as Markdown, HTML or JSONL", formatter_class=HelpFormatter
-    )
+    ex = _action(actions, "export", common, "write a session as Markdown, HTML or JSONL")
     ex.add_argument("session_id", metavar="ID")
     ex.add_argument("--format", choices=("md", "html", "jsonl"), default="md", help="(default: %(default)s)")
     ex.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")

@@ -1,0 +1,144 @@
+"""What `rollouts eval` and `rollouts gepa` share: datasets, scorers, per-sample environments and
+the results directory."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rollouts import scorers
+from rollouts.cli.common import CLIError, environment_class, load_callable, make_environment
+from rollouts.config import RolloutsConfig
+from rollouts.dtypes import Message
+
+RESULTS_DIR_ENV = "ROLLOUTS_RESULTS_DIR"
+DEFAULT_RESULTS_DIR = "results"
+
+# name -> (metric function factory, what it checks)
+_METRICS: dict[str, tuple[Callable[[], Any], str]] = {
+    "exact_match": (lambda: scorers.exact_match(), "the response equals the row's answer (normalised)"),
+    "exact_match_tag": (
+        lambda: scorers.exact_match(extract=scorers.extract_tag("answer")),
+        "the text inside <answer>...</answer> equals the row's answer",
+    ),
+    "boxed_match": (
+        lambda: scorers.exact_match(extract=scorers.extract_boxed),
+        "the \\boxed{...} answer equals the row's answer",
+    ),
+    "numeric_match": (lambda: scorers.numeric_match(), "the last number in the response equals the answer"),
+    "contains": (lambda: scorers.contains(), "the row's answer appears in the response"),
+}
+
+
+def builtin_scorers() -> dict[str, str]:
+    """Built-in scorer names and what they check. Combine several with commas:
+    `--score exact_match,contains` (each metric weighted 1)."""
+    return {name: doc for name, (_, doc) in _METRICS.items()}
+
+
+def resolve_scorer(ref: str) -> Callable[..., Any]:
+    """`--score`: built-in scorer names (comma-separated) or `module:function`."""
+    if ":" in ref:
+        return load_callable(ref, "--score")
+    names = [n.strip() for n in ref.split(",") if n.strip()]
+    unknown = [n for n in names if n not in _METRICS]
+    if unknown or not names:
+        raise CLIError(
+            f"unknown scorer {', '.join(unknown) or ref!r}; built-in scorers: {', '.join(sorted(_METRICS))}; "
+            "or pass module:function"
+        )
+    fn: Callable[..., Any] = scorers.combine(*(scorers.metric(n, _METRICS[n][0](), weight=1.0) for n in names))
+    return fn
+
+
+class DatasetFile:
+    """The rows of a .jsonl or .csv (.tsv) file: read lazily on each iteration, and counted by
+    `len()` (one pass that parses no JSON) so the progress bar can show a total and an ETA."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._len: int | None = None
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".ndjson", ".json"):
+            self.format = "jsonl"
+        elif suffix in (".csv", ".tsv"):
+            self.format = "tsv" if suffix == ".tsv" else "csv"
+        else:
+            raise CLIError(f"dataset {str(path)!r}: unknown format {suffix or '(no extension)'}; use .jsonl or .csv")
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        from rollouts.eval_io import load_csv, load_jsonl
+
+        if self.format == "jsonl":
+            return load_jsonl(self.path)
+        return load_csv(self.path, delimiter="\t") if self.format == "tsv" else load_csv(self.path)
+
+    def __len__(self) -> int:
+        if self._len is None:
+            if self.format == "jsonl":
+                with self.path.open("rb") as f:
+                    self._len = sum(1 for line in f if line.strip())
+            else:
+                with self.path.open(encoding="utf-8", newline="") as f:
+                    rows = csv.reader(f, delimiter="\t" if self.format == "tsv" else ",")
+                    self._len = max(0, sum(1 for row in rows if row) - 1)  # (the header)
+        return self._len
+
+
+def load_dataset(path: str) -> DatasetFile:
+    """The dataset file at `path` (CLIError if it does not exist or has an unknown format)."""
+    p = Path(path)
+    if not p.is_file():
+        raise CLIError(f"dataset {path!r} does not exist")
+    return DatasetFile(p)
+
+
+def slug(text: str) -> str:
+    """`text` as a directory name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:80] or "eval"
+
+
+def results_root(config: RolloutsConfig) -> Path:
+    """Where results go by default: $ROLLOUTS_RESULTS_DIR, [defaults] results_dir, or ./results."""
+    chosen = os.environ.get(RESULTS_DIR_ENV) or config.defaults.get("results_dir") or DEFAULT_RESULTS_DIR
+    return Path(str(chosen)).expanduser()
+
+
+def environment_factory(name: str, cwd: str | None) -> Callable[[], Awaitable[Any]]:
+    """A factory of fresh `--env name` environments, one per sample (tool calls never ask: there
+    is nobody to ask). Fails now, not once per sample, if the environment is unavailable."""
+    environment_class(name)
+
+    async def factory() -> Any:
+        return await make_environment(name, cwd, confirm=False)
+
+    factory.__qualname__ = f"cli_environment[{name}]"
+    return factory
+
+
+def with_system_prompt(prepare: Callable[..., Any], system_prompt: str) -> Callable[..., Any]:
+    """`prepare` with `system_prompt` put first, unless its messages already start with one."""
+
+    async def prepare_with_system(row: Mapping[str, Any]) -> Sequence[Message]:
+        out = prepare(row)
+        if hasattr(out, "__await__"):
+            out = await out
+        msgs = list(out)
+        if msgs and msgs[0].role == "system":
+            return msgs
+        return [Message("system", system_prompt), *msgs]
+
+    prepare_with_system.__qualname__ = f"{getattr(prepare, '__qualname__', 'prepare')}+system_prompt"
+    return prepare_with_system
+
+
+def check_minimums(args: Any, minimums: Mapping[str, int]) -> None:
+    """CLIError for a numeric flag below its minimum (`{"max_samples": 0, "max_turns": 1}`)."""
+    for flag, minimum in minimums.items():
+        value = getattr(args, flag)
+        if value is not None and value < minimum:
+            raise CLIError(f"--{flag.replace('_', '-')} must be at least {minimum}")
