@@ -289,6 +289,17 @@ async def _finish_session(rc: RunConfig, state: AgentState, status: SessionStatu
     await rc.session_store.update(state.session_id, status=status, environment_state=env_state)
 
 
+def _is_cancellation(exc: BaseException) -> bool:
+    """Whether `exc` is trio's cancellation: `Cancelled` itself, or an exception group (from a
+    nursery inside a tool or a provider) that holds nothing but `Cancelled`."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(trio.Cancelled)
+        return rest is None
+    return False
+
+
 def _aborted(tracker: _Tracker) -> tuple[AgentState, Message | None]:
     """The state at the moment of an abort, with any partially streamed message appended (made
     once, so the state returned and the message recorded are the same)."""
@@ -319,20 +330,20 @@ async def _run_loop(states: list[AgentState], rc: RunConfig, tracker: _Tracker) 
             tracker.state = state
         else:
             raise AssertionError("agent loop exceeded its step bound")
-    except trio.Cancelled:
+    except BaseException as exc:
         with trio.CancelScope(shield=True):
             if rc.session_store is not None and tracker.state.session_id is not None:
-                aborted, partial = _aborted(tracker)
-                if partial is not None:
-                    await _record(rc, aborted, (partial,))
-                await _finish_session(rc, tracker.state, SessionStatus.ABORTED)
+                if _is_cancellation(exc):
+                    aborted, partial = _aborted(tracker)
+                    if partial is not None:
+                        await _record(rc, aborted, (partial,))
+                    await _finish_session(rc, tracker.state, SessionStatus.ABORTED)
+                else:
+                    await rc.session_store.update(tracker.state.session_id, status=SessionStatus.FAILED)
         raise
-    except BaseException:
-        with trio.CancelScope(shield=True):
-            if rc.session_store is not None and tracker.state.session_id is not None:
-                await rc.session_store.update(tracker.state.session_id, status=SessionStatus.FAILED)
-        raise
-    await _finish_session(rc, state, _final_status(state))
+    # The run is over: its outcome is recorded even if a cancellation arrives meanwhile.
+    with trio.CancelScope(shield=True):
+        await _finish_session(rc, state, _final_status(state))
 
 
 async def run_agent(state: AgentState, run_config: RunConfig) -> list[AgentState]:
