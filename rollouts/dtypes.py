@@ -556,9 +556,11 @@ class AgentState:
     def __post_init__(self) -> None:
         if isinstance(self.pending_tool_calls, list):
             object.__setattr__(self, "pending_tool_calls", tuple(self.pending_tool_calls))
-        assert 0 <= self.next_tool_idx <= len(self.pending_tool_calls), (
-            f"next_tool_idx {self.next_tool_idx} out of range for {len(self.pending_tool_calls)} pending calls"
-        )
+        if not 0 <= self.next_tool_idx <= len(self.pending_tool_calls):
+            raise ValueError(
+                f"AgentState.next_tool_idx {self.next_tool_idx} is out of range for "
+                f"{len(self.pending_tool_calls)} pending tool calls (0..{len(self.pending_tool_calls)})"
+            )
 
     @property
     def messages(self) -> tuple[Message, ...]:
