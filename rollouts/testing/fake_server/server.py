@@ -224,6 +224,7 @@ class FakeServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self.connections_opened = 0
+        self.connections_closed = 0
         self.completed_streams = 0
         self._next_index = 0
         self._idle = trio.Event()
@@ -297,6 +298,7 @@ class FakeServer:
         finally:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
+            self.connections_closed += 1
 
     async def _read_request(self, conn: h11.Connection, stream: trio.SocketStream) -> RecordedRequest | None:
         head: h11.Request | None = None
