@@ -207,10 +207,14 @@ async def test_malformed_arguments_and_incomplete_response() -> None:
     [
         http_error(429, retry_after=0.05),
         http_error(500),
+        http_error(503),
+        http_error(529),
+        FakeTurn(close_without_response=True),
         FakeTurn("The quick brown fox.", drop_after=5),
+        FakeTurn("The quick brown fox.", truncate_after=5),
         FakeTurn("The quick brown fox.", end_after=5),
     ],
-    ids=["429", "500", "drop", "end-early"],
+    ids=["429", "500", "503", "529", "no-response", "drop", "truncate", "end-early"],
 )
 async def test_transient_faults_are_retried_without_duplicated_text(fault: FakeTurn) -> None:
     text = "The quick brown fox."
