@@ -62,6 +62,9 @@ def tool_call(name: str, /, **arguments: Any) -> ScriptedReply:
 
 @dataclass(frozen=True)
 class ScriptedReply:
+    """One scripted model reply: optional thinking, then text, then tool calls; `usage` (else an
+    estimate of ~4 characters per token) and `finish_reason` (else `tool_use`/`stop`)."""
+
     text: str = ""
     tool_calls: tuple[ScriptedToolCall, ...] = ()
     thinking: str | None = None
@@ -85,6 +88,7 @@ class ScriptedRequest:
 
     @property
     def last_user_text(self) -> str:
+        """The text of the last user message, or ''."""
         for m in reversed(self.messages):
             if m.role == "user":
                 return m.text
@@ -133,6 +137,7 @@ class ScriptedModel:
 
     @property
     def endpoint(self) -> Endpoint:
+        """The Endpoint that routes to this model (`provider="scripted"`, `model=self.name`)."""
         return Endpoint(provider="scripted", model=self.name)
 
     async def _reply(self, request: ScriptedRequest) -> ScriptedReply:
@@ -156,6 +161,7 @@ class ScriptedModel:
 
 
 def get_scripted_model(name: str) -> ScriptedModel:
+    """The ScriptedModel an endpoint's `model` names (made earlier in this process)."""
     try:
         return _MODELS[name]
     except KeyError:
