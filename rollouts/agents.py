@@ -157,7 +157,9 @@ async def process_pending_tools(
             _tracker.state = state
         await _record(rc, state, (message,), env_state)
         if result.is_error and executed:
+            before = state
             state = rc.handle_tool_error(result, state)
+            await _record_added(rc, before, state)
         if result.stop_reason is not None and state.stop is None:
             state = replace(state, stop=result.stop_reason)
     return replace(state, pending_tool_calls=(), next_tool_idx=0)
@@ -167,7 +169,9 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
     """One step: stop checks, then either the pending tool calls of an interrupted turn or one
     model call followed by its tool calls. Returns the new state (turn_idx advanced)."""
     rc = run_config
+    before = state
     state = rc.handle_stop(state)
+    await _record_added(rc, before, state)
     if state.stop is not None:
         return state
     if state.next_tool_idx < len(state.pending_tool_calls):
@@ -177,6 +181,8 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
     before = state
     state = rc.on_step_start(state)
     await _record_added(rc, before, state)
+    if state.stop is not None:  # a step handler may end the run too
+        return state
     env = state.environment
     tools = tuple(env.get_tools()) if env is not None else ()
     actor = state.actor if state.actor.tools == tools else replace(state.actor, tools=tools)

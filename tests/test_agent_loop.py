@@ -615,3 +615,33 @@ async def test_cancellation_inside_a_tool_nursery_is_recorded_as_an_abort(tmp_pa
             _state(ScriptedModel([reply]), _NurseryTool()), RunConfig(on_chunk=on_chunk, cancel_scope=cs)
         )
     assert states[-1].stop == StopReason.ABORTED and states[-1].next_tool_idx == 1
+
+
+async def test_messages_any_handler_adds_are_recorded_and_a_step_handler_can_stop_the_run(tmp_path: Any) -> None:
+    from rollouts.store import FileSessionStore
+
+    def note(tag: str) -> Message:
+        return Message("user", f"[{tag}]", details={"injected": tag})
+
+    def on_error(result: ToolResult, state: AgentState) -> AgentState:
+        return state.with_messages(note("after_error"))
+
+    def on_stop(state: AgentState) -> AgentState:
+        return state.with_messages(note("stop_check")) if state.turn_idx == 1 else state
+
+    store = FileSessionStore(tmp_path)
+    model = ScriptedModel([tool_call("divide", value=0), "done"])
+    rc = RunConfig(session_store=store, handle_tool_error=on_error, handle_stop=on_stop)
+    states = await run_agent(_state(model, CalculatorEnvironment()), rc)
+    final = states[-1]
+    tags = [m.details["injected"] for m in final.messages if m.details and "injected" in m.details]
+    assert tags == ["after_error", "stop_check"]
+    _, stored = await store.get(final.session_id or "")
+    assert tuple(stored) == final.messages  # the session and the state never disagree
+
+    def stop_at_turn_1(state: AgentState) -> AgentState:
+        return replace(state, stop=StopReason.USER_EXIT) if state.turn_idx == 1 else state
+
+    model = ScriptedModel([tool_call("add", value=1), "never asked"])
+    states = await run_agent(_state(model, CalculatorEnvironment()), RunConfig(on_step_start=stop_at_turn_1))
+    assert states[-1].stop == StopReason.USER_EXIT and model.calls == 1
