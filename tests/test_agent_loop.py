@@ -645,3 +645,11 @@ async def test_messages_any_handler_adds_are_recorded_and_a_step_handler_can_sto
     model = ScriptedModel([tool_call("add", value=1), "never asked"])
     states = await run_agent(_state(model, CalculatorEnvironment()), RunConfig(on_step_start=stop_at_turn_1))
     assert states[-1].stop == StopReason.USER_EXIT and model.calls == 1
+
+
+async def test_the_default_confirm_tool_approves_without_asking() -> None:
+    async def on_input(prompt: str) -> str:
+        raise AssertionError("the default confirm_tool must not ask")
+
+    states = await _run_calls([tool_call("multiply", value=3)], _NeedsConfirmation(1), on_input=on_input)
+    assert _tool_messages(states[-1])[0].text == "Multiplied 1 by 3. Current value: 3"

@@ -40,8 +40,7 @@ def _state(endpoint: Endpoint) -> AgentState:
 async def _all_closed(srv: FakeServer) -> None:
     """Wait (at most 2 s) until every connection the server saw has ended."""
     with trio.fail_after(2):
-        while srv.connections_closed < srv.connections_opened:
-            await trio.sleep(0.005)
+        await srv.wait_connections_closed()
 
 
 @pytest.mark.parametrize("provider", SDK_PROVIDERS)
