@@ -21,6 +21,7 @@ from rollouts import (
     ScriptedModel,
     ScriptedReply,
     ScriptedToolCall,
+    ScriptExhaustedError,
     StopReason,
     StreamDone,
     StreamStart,
@@ -653,3 +654,15 @@ async def test_the_default_confirm_tool_approves_without_asking() -> None:
 
     states = await _run_calls([tool_call("multiply", value=3)], _NeedsConfirmation(1), on_input=on_input)
     assert _tool_messages(states[-1])[0].text == "Multiplied 1 by 3. Current value: 3"
+
+
+async def test_scripted_model_misuse_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+        ScriptedModel(["x"], chunk_size=0)
+    model = ScriptedModel([42])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="a reply must be a str, a ScriptedReply or an exception, got 42"):
+        await run_agent(_state(model), RunConfig())
+    model = ScriptedModel(["only one"])
+    await run_agent(_state(model), RunConfig())
+    with pytest.raises(ScriptExhaustedError, match="has 1 replies but was called 2 times"):
+        await run_agent(_state(model), RunConfig())

@@ -119,8 +119,12 @@ class ScriptedModel:
         chunk_size: int = 8,
         chunk_delay_s: float = 0.0,
     ) -> None:
-        assert chunk_size > 0
-        assert chunk_delay_s >= 0
+        if chunk_size < 1:
+            raise ValueError(f"ScriptedModel: chunk_size must be >= 1 character, got {chunk_size}")
+        if chunk_delay_s < 0 or latency_s < 0:
+            raise ValueError(
+                f"ScriptedModel: delays must be >= 0, got latency_s={latency_s}, chunk_delay_s={chunk_delay_s}"
+            )
         self.name = name or f"scripted-{next(_ids)}"
         self.latency_s = latency_s
         self.chunk_delay_s = chunk_delay_s
@@ -156,7 +160,10 @@ class ScriptedModel:
             raise r
         if isinstance(r, str):
             return ScriptedReply(text=r)
-        assert isinstance(r, ScriptedReply), f"a scripted reply must be str or ScriptedReply, got {r!r}"
+        if not isinstance(r, ScriptedReply):
+            raise TypeError(
+                f"scripted model {self.name!r}: a reply must be a str, a ScriptedReply or an exception, got {r!r}"
+            )
         return r
 
 
