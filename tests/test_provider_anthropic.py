@@ -439,3 +439,19 @@ async def test_token_and_cost_budgets_stop_on_the_usage_the_api_reported() -> No
             620 * calls,
         )
         assert total.cost_usd == pytest.approx(calls * cost_usd(per_call, MODEL))
+
+
+async def test_images_reach_the_server_through_the_sdk() -> None:
+    msgs = (
+        Message("system", "Describe images."),
+        Message("user", (TextContent("What is this?"), ImageContent("image/png", data="iVBORw0KGgo="))),
+    )
+    async with open_fake_server(["A pixel."]) as srv:
+        actor, _ = await call(_actor(srv.url, *msgs))
+        content = srv.last_request.json["messages"][0]["content"]
+    assert content[1] == {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+        "cache_control": {"type": "ephemeral"},
+    }
+    assert actor.trajectory.messages[-1].text == "A pixel."
