@@ -8,12 +8,13 @@ Reference in the same run: the bare provider call alone (`stream_scripted`, the 
 with a no-op consumer) — what a turn costs before the loop adds anything. The difference is the
 loop's own overhead (environment clone, schema validation, tool execution, message building).
 
-Run: python benchmarks/agent_loop.py
+Run: python benchmarks/agent_loop.py [--repeats 2000]
 Last line: JSON with per_turn_us_10, per_turn_us_100, per_turn_us_1000 (and the reference figures).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -47,7 +48,7 @@ async def _time_per_call(fn, repeats: int) -> float:  # type: ignore[no-untyped-
     return best * 1e6
 
 
-async def main() -> None:
+async def main(base_repeats: int) -> None:
     model = ScriptedModel(lambda req: REPLY, chunk_size=16)
     rc = RunConfig()
     results: dict[str, float] = {}
@@ -59,7 +60,7 @@ async def main() -> None:
             actor=Actor(Trajectory(_history(n)), model.endpoint),
             environment=CalculatorEnvironment(),
         )
-        repeats = 2000 if n < 1000 else 1000
+        repeats = base_repeats if n < 1000 else max(1, base_repeats // 2)
 
         async def step(state: AgentState = state, n: int = n) -> None:
             new = await run_agent_step(state, rc)
@@ -81,4 +82,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=2000, help="turns per timed round (half at 1000 messages)")
+    trio.run(main, parser.parse_args().repeats)

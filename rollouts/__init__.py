@@ -44,7 +44,10 @@ from rollouts.errors import (
     AuthenticationError,
     ConfigurationError,
     ContextTooLongError,
+    ModelFileError,
+    ProviderConnectionError,
     ProviderError,
+    RateLimitError,
     RolloutsError,
     UnknownProviderError,
 )
@@ -53,6 +56,7 @@ from rollouts.eval_summary import group_samples, summarize, summarize_groups
 from rollouts.evaluation import EvalConfig, EvalReport, evaluate, evaluate_sample, load_report
 from rollouts.events import (
     LLMCallStart,
+    OnChunk,
     StreamDone,
     StreamError,
     StreamEvent,
@@ -62,6 +66,7 @@ from rollouts.events import (
     TextStart,
     ThinkingDelta,
     ThinkingEnd,
+    ThinkingSignature,
     ThinkingStart,
     ToolCallDelta,
     ToolCallEnd,
@@ -69,6 +74,7 @@ from rollouts.events import (
     ToolCallStart,
     ToolExecutionStart,
     ToolResultReceived,
+    ignore_chunk,
 )
 from rollouts.gepa import GEPAAdapter, GEPAConfig, GEPAResult, RolloutsAdapter, optimize
 from rollouts.handlers import (
@@ -76,18 +82,30 @@ from rollouts.handlers import (
     compose_handlers,
     confirm_tool_auto_approve,
     confirm_tool_interactive,
+    handle_no_tool_stop,
     handle_stop_cost_budget,
     handle_stop_max_turns,
     handle_stop_on_empty_message,
     handle_stop_token_budget,
+    handle_tool_error_continue,
     handle_tool_error_stop,
     inject_tool_reminder,
     inject_turn_warning,
 )
 from rollouts.local_model import LocalServerSettings, ensure_local_server, shutdown_local_server
 from rollouts.partial_json import parse_partial_json
-from rollouts.providers import get_provider_function, register_provider
-from rollouts.providers.scripted import ScriptedModel, ScriptedReply, ScriptedToolCall, tool_call
+from rollouts.providers import get_provider_function, known_providers, register_provider
+from rollouts.providers._clients import client_scope
+from rollouts.providers._pricing import ModelPrice, price_for, register_price
+from rollouts.providers._retry import retry_policy
+from rollouts.providers.scripted import (
+    ScriptedModel,
+    ScriptedReply,
+    ScriptedRequest,
+    ScriptedToolCall,
+    ScriptExhaustedError,
+    tool_call,
+)
 from rollouts.run_config import RunConfig
 from rollouts.scorers import (
     combine,
@@ -202,6 +220,23 @@ __all__ = [
     "run_agent",
     "run_agent_step",
     "tool_call",
+    # core and providers: the rest of the public API
+    "ModelFileError",
+    "ModelPrice",
+    "OnChunk",
+    "ProviderConnectionError",
+    "RateLimitError",
+    "ScriptExhaustedError",
+    "ScriptedRequest",
+    "ThinkingSignature",
+    "client_scope",
+    "handle_no_tool_stop",
+    "handle_tool_error_continue",
+    "ignore_chunk",
+    "known_providers",
+    "price_for",
+    "register_price",
+    "retry_policy",
     # environments (issue 6)
     "BrowsingEnvironment",
     "CodingEnvironment",

@@ -157,7 +157,9 @@ async def process_pending_tools(
             _tracker.state = state
         await _record(rc, state, (message,), env_state)
         if result.is_error and executed:
+            before = state
             state = rc.handle_tool_error(result, state)
+            await _record_added(rc, before, state)
         if result.stop_reason is not None and state.stop is None:
             state = replace(state, stop=result.stop_reason)
     return replace(state, pending_tool_calls=(), next_tool_idx=0)
@@ -167,7 +169,9 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
     """One step: stop checks, then either the pending tool calls of an interrupted turn or one
     model call followed by its tool calls. Returns the new state (turn_idx advanced)."""
     rc = run_config
+    before = state
     state = rc.handle_stop(state)
+    await _record_added(rc, before, state)
     if state.stop is not None:
         return state
     if state.next_tool_idx < len(state.pending_tool_calls):
@@ -177,6 +181,8 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
     before = state
     state = rc.on_step_start(state)
     await _record_added(rc, before, state)
+    if state.stop is not None:  # a step handler may end the run too
+        return state
     env = state.environment
     tools = tuple(env.get_tools()) if env is not None else ()
     actor = state.actor if state.actor.tools == tools else replace(state.actor, tools=tools)
@@ -289,6 +295,17 @@ async def _finish_session(rc: RunConfig, state: AgentState, status: SessionStatu
     await rc.session_store.update(state.session_id, status=status, environment_state=env_state)
 
 
+def _is_cancellation(exc: BaseException) -> bool:
+    """Whether `exc` is trio's cancellation: `Cancelled` itself, or an exception group (from a
+    nursery inside a tool or a provider) that holds nothing but `Cancelled`."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(trio.Cancelled)
+        return rest is None
+    return False
+
+
 def _aborted(tracker: _Tracker) -> tuple[AgentState, Message | None]:
     """The state at the moment of an abort, with any partially streamed message appended (made
     once, so the state returned and the message recorded are the same)."""
@@ -319,20 +336,20 @@ async def _run_loop(states: list[AgentState], rc: RunConfig, tracker: _Tracker) 
             tracker.state = state
         else:
             raise AssertionError("agent loop exceeded its step bound")
-    except trio.Cancelled:
+    except BaseException as exc:
         with trio.CancelScope(shield=True):
             if rc.session_store is not None and tracker.state.session_id is not None:
-                aborted, partial = _aborted(tracker)
-                if partial is not None:
-                    await _record(rc, aborted, (partial,))
-                await _finish_session(rc, tracker.state, SessionStatus.ABORTED)
+                if _is_cancellation(exc):
+                    aborted, partial = _aborted(tracker)
+                    if partial is not None:
+                        await _record(rc, aborted, (partial,))
+                    await _finish_session(rc, tracker.state, SessionStatus.ABORTED)
+                else:
+                    await rc.session_store.update(tracker.state.session_id, status=SessionStatus.FAILED)
         raise
-    except BaseException:
-        with trio.CancelScope(shield=True):
-            if rc.session_store is not None and tracker.state.session_id is not None:
-                await rc.session_store.update(tracker.state.session_id, status=SessionStatus.FAILED)
-        raise
-    await _finish_session(rc, state, _final_status(state))
+    # The run is over: its outcome is recorded even if a cancellation arrives meanwhile.
+    with trio.CancelScope(shield=True):
+        await _finish_session(rc, state, _final_status(state))
 
 
 async def run_agent(state: AgentState, run_config: RunConfig) -> list[AgentState]:

@@ -69,6 +69,7 @@ class Endpoint:
             raise ValueError(f"Endpoint.transport must be 'sdk' or 'http', got {self.transport!r}")
 
     def to_dict(self, exclude_secrets: bool = True) -> dict[str, Any]:
+        """A JSON-ready dict. With the default `exclude_secrets=True` it has no `api_key` key."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         if exclude_secrets:
             for name in _SECRET_FIELDS:
@@ -79,6 +80,8 @@ class Endpoint:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], api_key: str = "") -> Endpoint:
+        """The Endpoint `to_dict` described, with `api_key` supplied separately (unknown keys
+        are a ValueError naming them)."""
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -105,6 +108,7 @@ class Usage:
 
     @property
     def total_tokens(self) -> int:
+        """Input + output + cache read + cache write tokens (reasoning is part of output)."""
         return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
 
     def __add__(self, other: Usage) -> Usage:
@@ -218,6 +222,8 @@ class ToolResult:
 
 @dataclass(frozen=True)
 class TextContent:
+    """Plain text in a message."""
+
     text: str
     type: Literal["text"] = "text"
 
@@ -248,6 +254,7 @@ class ToolCallContent:
     type: Literal["tool_call"] = "tool_call"
 
     def to_tool_call(self) -> ToolCall:
+        """This block as a ToolCall."""
         return ToolCall(self.id, self.name, self.arguments, self.raw_arguments, self.parse_error)
 
 
@@ -275,6 +282,7 @@ _BLOCK_TYPES: dict[str, type] = {
 
 
 def block_to_dict(block: ContentBlock) -> dict[str, Any]:
+    """A content block as a JSON-ready dict (its `type` says which block it is)."""
     d = {f.name: getattr(block, f.name) for f in fields(block)}
     if isinstance(block, ToolCallContent):
         d["arguments"] = dict(block.arguments)
@@ -282,6 +290,7 @@ def block_to_dict(block: ContentBlock) -> dict[str, Any]:
 
 
 def block_from_dict(data: Mapping[str, Any]) -> ContentBlock:
+    """The content block `block_to_dict` made; an unknown `type` is a ValueError."""
     try:
         cls = _BLOCK_TYPES[data["type"]]
     except KeyError:
@@ -341,6 +350,7 @@ class Message:
         return "".join(b.text for b in self.content if isinstance(b, TextContent))
 
     def get_tool_calls(self) -> tuple[ToolCall, ...]:
+        """The tool calls of this message, in order (empty for plain-string content)."""
         if isinstance(self.content, str):
             return ()
         return tuple(b.to_tool_call() for b in self.content if isinstance(b, ToolCallContent))
@@ -430,6 +440,7 @@ class Trajectory:
         return replace(self, messages=self.messages + messages)
 
     def total_usage(self) -> Usage:
+        """The sum of the Usage of every message that has one (the assistant messages)."""
         total = Usage()
         for m in self.messages:
             if m.usage is not None:
@@ -459,6 +470,7 @@ class Trajectory:
 
     @classmethod
     def from_jsonl(cls, line: str) -> Trajectory:
+        """The trajectory `to_jsonl` wrote."""
         return cls.from_dict(json.loads(line))
 
     @staticmethod
@@ -471,6 +483,7 @@ class Trajectory:
 
     @staticmethod
     def load_jsonl(path: str | Path) -> list[Trajectory]:
+        """Every trajectory of a file `save_jsonl` wrote."""
         return list(Trajectory.load_jsonl_streaming(path))
 
     @staticmethod
@@ -556,12 +569,15 @@ class AgentState:
     def __post_init__(self) -> None:
         if isinstance(self.pending_tool_calls, list):
             object.__setattr__(self, "pending_tool_calls", tuple(self.pending_tool_calls))
-        assert 0 <= self.next_tool_idx <= len(self.pending_tool_calls), (
-            f"next_tool_idx {self.next_tool_idx} out of range for {len(self.pending_tool_calls)} pending calls"
-        )
+        if not 0 <= self.next_tool_idx <= len(self.pending_tool_calls):
+            raise ValueError(
+                f"AgentState.next_tool_idx {self.next_tool_idx} is out of range for "
+                f"{len(self.pending_tool_calls)} pending tool calls (0..{len(self.pending_tool_calls)})"
+            )
 
     @property
     def messages(self) -> tuple[Message, ...]:
+        """The conversation so far (the actor's trajectory's messages)."""
         return self.actor.trajectory.messages
 
     def with_messages(self, *messages: Message) -> AgentState:

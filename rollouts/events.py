@@ -3,9 +3,12 @@
 Every provider emits the same vocabulary in the same order:
 
     LLMCallStart, StreamStart,
-      (TextStart TextDelta* TextEnd | ThinkingStart ThinkingDelta* ThinkingEnd
+      (TextStart TextDelta* TextEnd
+       | ThinkingStart ThinkingDelta* ThinkingSignature* ThinkingEnd
        | ToolCallStart ToolCallDelta* (ToolCallEnd | ToolCallError))*,
     StreamDone
+
+and the agent loop adds ToolExecutionStart / ToolResultReceived for each tool call it answers.
 
 `content_index` is the position of the block in the final message's content. A stream that
 breaks after output was emitted and is retried emits `StreamError(will_retry=True)`: consumers
@@ -23,40 +26,55 @@ from rollouts.dtypes import ToolCall, ToolResult, Usage
 
 @dataclass(frozen=True)
 class LLMCallStart:
+    """A model call begins (before any network I/O): which provider and model."""
+
     provider: str
     model: str
 
 
 @dataclass(frozen=True)
 class StreamStart:
+    """An attempt's stream is open. `attempt` counts from 1; after `StreamError(will_retry=True)`
+    a new StreamStart begins the retried attempt from scratch."""
+
     attempt: int = 1
 
 
 @dataclass(frozen=True)
 class TextStart:
+    """A text block begins at `content_index`."""
+
     content_index: int
 
 
 @dataclass(frozen=True)
 class TextDelta:
+    """A piece of the text block at `content_index`."""
+
     content_index: int
     delta: str
 
 
 @dataclass(frozen=True)
 class TextEnd:
+    """The text block at `content_index` is complete; `text` is all of it."""
+
     content_index: int
     text: str
 
 
 @dataclass(frozen=True)
 class ThinkingStart:
+    """A thinking (reasoning) block begins; `redacted` blocks carry opaque data, no text."""
+
     content_index: int
     redacted: bool = False
 
 
 @dataclass(frozen=True)
 class ThinkingDelta:
+    """A piece of the thinking block's text."""
+
     content_index: int
     delta: str
 
@@ -71,6 +89,9 @@ class ThinkingSignature:
 
 @dataclass(frozen=True)
 class ThinkingEnd:
+    """The thinking block is complete: its text, the provider's `signature` (sent back verbatim
+    on later turns) and, for redacted thinking, its opaque `data`."""
+
     content_index: int
     thinking: str
     signature: str | None = None
@@ -80,6 +101,8 @@ class ThinkingEnd:
 
 @dataclass(frozen=True)
 class ToolCallStart:
+    """A tool call begins: its id and the tool's name."""
+
     content_index: int
     tool_call_id: str
     tool_name: str
@@ -97,6 +120,8 @@ class ToolCallDelta:
 
 @dataclass(frozen=True)
 class ToolCallEnd:
+    """The tool call's arguments are complete and parsed into a JSON object."""
+
     content_index: int
     tool_call: ToolCall
 
@@ -115,12 +140,16 @@ class ToolCallError:
 
 @dataclass(frozen=True)
 class ToolExecutionStart:
+    """The agent loop starts running a tool call (after any confirmation)."""
+
     tool_call_id: str
     tool_name: str
 
 
 @dataclass(frozen=True)
 class ToolResultReceived:
+    """A tool call's result (also error results: unknown tool, bad arguments, denied, raised)."""
+
     tool_call_id: str
     tool_name: str
     result: ToolResult
@@ -128,6 +157,9 @@ class ToolResultReceived:
 
 @dataclass(frozen=True)
 class StreamDone:
+    """The model finished: the shared finish reason (`stop`, `tool_use`, `max_tokens`, ...) and
+    the call's Usage as the provider reported it (with `cost_usd` from the price table)."""
+
     finish_reason: str | None
     usage: Usage
 

@@ -6,9 +6,9 @@ with `compose_handlers`. Step handlers (`on_step_start`) may add messages before
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import trio
 
@@ -17,11 +17,16 @@ from rollouts.dtypes import AgentState, Message, StopReason, ToolCall, ToolResul
 if TYPE_CHECKING:
     from rollouts.run_config import RunConfig
 
-Handler = Callable[[AgentState], AgentState]
+Handler: TypeAlias = Callable[[AgentState], AgentState]
+# The shape of `RunConfig.handle_no_tool` (the same alias as `rollouts.run_config.NoToolHandler`).
+NoToolHandler: TypeAlias = Callable[[AgentState, "RunConfig"], Awaitable[AgentState]]
 
 
 @dataclass(frozen=True)
 class ToolConfirmResult:
+    """The answer of a `confirm_tool` callback: whether the call may run, and if not, why (the
+    reason is sent to the model in the error tool result)."""
+
     approved: bool
     reason: str = ""
 
@@ -37,7 +42,8 @@ def _stopped(state: AgentState, reason: StopReason, detail: str) -> AgentState:
 
 def handle_stop_max_turns(max_turns: int) -> Handler:
     """Stop once `max_turns` model turns have run."""
-    assert max_turns >= 1, "max_turns must be >= 1"
+    if max_turns < 1:
+        raise ValueError(f"handle_stop_max_turns: max_turns must be >= 1, got {max_turns}")
 
     def handler(state: AgentState) -> AgentState:
         if state.turn_idx >= max_turns:
@@ -47,13 +53,24 @@ def handle_stop_max_turns(max_turns: int) -> Handler:
     return handler
 
 
+def _is_injected(message: Message) -> bool:
+    return bool(message.details and message.details.get("injected"))
+
+
 def handle_stop_on_empty_message() -> Handler:
-    """Stop when the last assistant message has no text and no tool calls."""
+    """Stop when the model's last message has no text and no tool calls.
+
+    Messages the handlers injected after it (a tool reminder, a turn warning) are looked past, so
+    an empty reply stops the run even when `handle_no_tool` answered it with a reminder; a new
+    message from the user (a resumed conversation) is not, so the model gets to answer it."""
 
     def handler(state: AgentState) -> AgentState:
-        msgs = state.actor.trajectory.messages
-        if msgs and msgs[-1].role == "assistant" and not msgs[-1].text.strip() and not msgs[-1].get_tool_calls():
-            return _stopped(state, StopReason.EMPTY_MESSAGE, "the model returned an empty message")
+        for m in reversed(state.actor.trajectory.messages):
+            if _is_injected(m):
+                continue
+            if m.role == "assistant" and not m.text.strip() and not m.get_tool_calls():
+                return _stopped(state, StopReason.EMPTY_MESSAGE, "the model returned an empty message")
+            break
         return state
 
     return handler
@@ -64,7 +81,11 @@ def _total_usage(state: AgentState) -> Usage:
 
 
 def handle_stop_token_budget(max_tokens: int) -> Handler:
-    """Stop once the tokens reported by the providers (input + output + cache) reach `max_tokens`."""
+    """Stop once the tokens the providers reported (`Usage.total_tokens` summed over the
+    trajectory's assistant messages: input + output + cache read/write) reach `max_tokens`.
+    Counts come from each call's real Usage, never from an estimate of the text."""
+    if max_tokens < 1:
+        raise ValueError(f"handle_stop_token_budget: max_tokens must be >= 1, got {max_tokens}")
 
     def handler(state: AgentState) -> AgentState:
         used = _total_usage(state).total_tokens
@@ -77,6 +98,8 @@ def handle_stop_token_budget(max_tokens: int) -> Handler:
 
 def handle_stop_cost_budget(max_cost_usd: float, cost_fn: Callable[[Usage], float] | None = None) -> Handler:
     """Stop once the cost reaches `max_cost_usd` (from Usage.cost_usd, or `cost_fn(usage)`)."""
+    if not max_cost_usd > 0:
+        raise ValueError(f"handle_stop_cost_budget: max_cost_usd must be > 0, got {max_cost_usd}")
 
     def handler(state: AgentState) -> AgentState:
         usage = _total_usage(state)
@@ -105,6 +128,10 @@ def compose_handlers(handlers: Sequence[Handler]) -> Handler:
 def inject_turn_warning(max_turns: int, warning_at: int = 2) -> Handler:
     """An `on_step_start` handler: when `warning_at` or fewer turns remain, add a user message
     saying how many are left (once per turn)."""
+    if max_turns < 1 or warning_at < 1:
+        raise ValueError(
+            f"inject_turn_warning: max_turns and warning_at must be >= 1, got {max_turns} and {warning_at}"
+        )
 
     def handler(state: AgentState) -> AgentState:
         remaining = max_turns - state.turn_idx
@@ -116,9 +143,11 @@ def inject_turn_warning(max_turns: int, warning_at: int = 2) -> Handler:
     return handler
 
 
-def inject_tool_reminder(max_reminders: int = 1, text: str | None = None):  # type: ignore[no-untyped-def]
+def inject_tool_reminder(max_reminders: int = 1, text: str | None = None) -> NoToolHandler:
     """A `handle_no_tool` handler: when the model answers without calling a tool, remind it to
     use its tools (at most `max_reminders` times per run), then stop with NO_TOOL_CALLED."""
+    if max_reminders < 0:
+        raise ValueError(f"inject_tool_reminder: max_reminders must be >= 0, got {max_reminders}")
     reminder = text or "Please use the available tools to complete the task, then call the tool that finishes it."
 
     async def handler(state: AgentState, run_config: RunConfig) -> AgentState:

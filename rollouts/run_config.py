@@ -11,6 +11,7 @@ import trio
 from rollouts.dtypes import AgentState, ToolCall, ToolResult
 from rollouts.events import OnChunk, ignore_chunk
 from rollouts.handlers import (
+    NoToolHandler,
     ToolConfirmResult,
     confirm_tool_auto_approve,
     handle_no_tool_stop,
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from rollouts.store import SessionStore
 
 ConfirmTool: TypeAlias = Callable[[ToolCall, AgentState, "RunConfig"], Awaitable[tuple[AgentState, ToolConfirmResult]]]
-NoToolHandler: TypeAlias = Callable[[AgentState, "RunConfig"], Awaitable[AgentState]]
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class RunConfig:
     handle_no_tool: called when the model answered without tool calls.
     session_store: when set, every message is recorded as it happens.
     cancel_scope: when set, cancelling it ends the run gracefully: `run_agent` returns with the
-        last state marked ABORTED (holding any partial message) instead of raising.
+        last state marked ABORTED (holding any partial message) instead of raising. A trio
+        cancel scope can be entered only once: give each run its own.
     max_turns: a hard bound on the loop, whatever the handlers say.
     model_limiter / tool_limiter: capacity limiters held around each model call / tool
         execution (evaluate() shares them across samples).

@@ -49,6 +49,7 @@ class Score:
 
     @property
     def reward(self) -> float:
+        """The weighted mean of the metrics with weight > 0 (0.0 when there are none)."""
         weighted = [(m.value, m.weight) for m in self.metrics if m.weight > 0]
         total = sum(w for _, w in weighted)
         if total == 0:
@@ -56,6 +57,7 @@ class Score:
         return sum(v * w for v, w in weighted) / total
 
     def get(self, name: str) -> Metric | None:
+        """The metric called `name`, or None."""
         for m in self.metrics:
             if m.name == name:
                 return m
@@ -107,6 +109,7 @@ class Sample:
 
     @property
     def reward(self) -> float:
+        """The score's reward (0.0 when the sample has no score)."""
         return self.score.reward if self.score is not None else 0.0
 
     def to_dict(self) -> dict[str, Any]:

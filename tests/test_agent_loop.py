@@ -21,6 +21,7 @@ from rollouts import (
     ScriptedModel,
     ScriptedReply,
     ScriptedToolCall,
+    ScriptExhaustedError,
     StopReason,
     StreamDone,
     StreamStart,
@@ -44,6 +45,7 @@ from rollouts import (
     confirm_tool_interactive,
     handle_stop_cost_budget,
     handle_stop_max_turns,
+    handle_stop_on_empty_message,
     handle_stop_token_budget,
     handle_tool_error_stop,
     inject_tool_reminder,
@@ -51,7 +53,7 @@ from rollouts import (
     run_agent,
     tool_call,
 )
-from rollouts.errors import AuthenticationError, ProviderError, UnknownProviderError
+from rollouts.errors import AuthenticationError, ContextTooLongError, ProviderError, UnknownProviderError
 from rollouts.events import StreamEvent
 from rollouts.providers import get_provider_function
 
@@ -473,3 +475,194 @@ async def test_message_json_in_scripted_events_is_exactly_the_scripted_arguments
     assert deltas[-1].partial_args == args
     states = rec  # the call had no environment to run in: it was answered with an error result
     assert any(isinstance(e, ToolResultReceived) and "no environment" in e.result.content for e in states.events)
+
+
+# ------------------------------------------------------------------------------------------
+# Handlers: who is consulted when, and what they refuse
+# ------------------------------------------------------------------------------------------
+
+
+async def test_handle_tool_error_is_consulted_for_every_kind_of_error_result_and_only_those() -> None:
+    seen: list[str] = []
+
+    def on_error(result: ToolResult, state: AgentState) -> AgentState:
+        seen.append(result.content)
+        return state
+
+    states = await _run_calls(
+        [
+            tool_call("add", value=1),  # fine: not consulted
+            tool_call("sqrt", value=4),  # unknown tool
+            tool_call("add", value="x"),  # fails the schema
+            ScriptedReply(tool_calls=(ScriptedToolCall("add", '{"value": '),)),  # not JSON
+            ScriptedReply(tool_calls=(ScriptedToolCall("divide", {"value": 0}),)),  # the tool's own error
+        ],
+        CalculatorEnvironment(),
+        handle_tool_error=on_error,
+    )
+    assert states[-1].stop == StopReason.NO_TOOL_CALLED  # the run went on after every error
+    assert len(seen) == 4
+    assert seen[0].startswith("Unknown tool 'sqrt'")
+    assert seen[1].startswith("Invalid arguments for 'add'")
+    assert "not valid JSON" in seen[2]
+    assert "divide by zero" in seen[3]
+    assert [m.text for m in _tool_messages(states[-1]) if m.details and m.details.get("is_error")] == seen
+    # ... and a tool that raises (see test_tool_exception_becomes_error_result_...) is consulted too
+    raised: list[str] = []
+    await _run_calls([tool_call("boom")], _Exploding(), handle_tool_error=lambda r, s: raised.append(r.content) or s)
+    assert raised == ["Tool 'boom' failed: RuntimeError: kaboom"]
+
+
+async def test_stop_on_empty_message() -> None:
+    model = ScriptedModel([ScriptedReply(""), "never asked"])
+    rc = RunConfig(handle_stop=handle_stop_on_empty_message(), handle_no_tool=inject_tool_reminder(max_reminders=5))
+    states = await run_agent(_state(model, CalculatorEnvironment()), rc)
+    assert states[-1].stop == StopReason.EMPTY_MESSAGE
+    assert model.calls == 1
+    assert [m.role for m in states[-1].messages][-2:] == ["assistant", "user"]  # the reminder was looked past
+    # a new user message after an empty reply (a resumed conversation) gets an answer
+    resumed = states[-1].with_messages(Message("user", "Please answer."))
+    model2 = ScriptedModel(["Here it is."])
+    resumed = replace(resumed, stop=None, actor=replace(resumed.actor, endpoint=model2.endpoint))
+    states = await run_agent(resumed, RunConfig(handle_stop=handle_stop_on_empty_message()))
+    assert states[-1].stop == StopReason.NO_TOOL_CALLED and model2.calls == 1
+    # a message with a tool call but no text is not empty
+    model = ScriptedModel([tool_call("add", value=1), "done"])
+    states = await run_agent(
+        _state(model, CalculatorEnvironment()), RunConfig(handle_stop=handle_stop_on_empty_message())
+    )
+    assert states[-1].stop == StopReason.NO_TOOL_CALLED and model.calls == 2
+
+
+async def test_context_too_long_stops_the_run_with_its_own_reason() -> None:
+    model = ScriptedModel([ContextTooLongError("prompt is too long", provider="scripted")])
+    states = await run_agent(_state(model), RunConfig())
+    assert states[-1].stop == StopReason.CONTEXT_TOO_LONG
+    assert "ContextTooLongError: prompt is too long" in (states[-1].error or "")
+
+
+def test_handlers_refuse_nonsense_limits_with_a_clear_message() -> None:
+    for make, match in [
+        (lambda: handle_stop_max_turns(0), "max_turns must be >= 1"),
+        (lambda: handle_stop_token_budget(0), "max_tokens must be >= 1"),
+        (lambda: handle_stop_cost_budget(0.0), "max_cost_usd must be > 0"),
+        (lambda: inject_turn_warning(0), "must be >= 1"),
+        (lambda: inject_tool_reminder(-1), "max_reminders must be >= 0"),
+        (lambda: RunConfig(max_turns=0), "max_turns must be >= 1"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            make()
+    model = ScriptedModel(["x"])
+    with pytest.raises(ValueError, match="next_tool_idx 2 is out of range for 1 pending"):
+        AgentState(Actor(Trajectory(), model.endpoint), pending_tool_calls=(ToolCall("c", "add", {}),), next_tool_idx=2)
+
+
+# ------------------------------------------------------------------------------------------
+# Cancellation that arrives wrapped in an exception group (a nursery inside a tool)
+# ------------------------------------------------------------------------------------------
+
+
+class _NurseryTool(CalculatorEnvironment):
+    """`multiply` runs helpers in a nursery and blocks: a cancellation leaves it as a
+    BaseExceptionGroup of Cancelled, not a bare Cancelled."""
+
+    entered: trio.Event | None = None
+
+    async def exec_tool(
+        self, tool_call: ToolCall, state: AgentState, run_config: RunConfig, cancel_scope: Any = None
+    ) -> ToolResult:
+        if tool_call.name != "multiply":
+            return await super().exec_tool(tool_call, state, run_config, cancel_scope)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+            nursery.start_soon(trio.sleep_forever)
+            assert type(self).entered is not None
+            type(self).entered.set()
+            await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+async def test_cancellation_inside_a_tool_nursery_is_recorded_as_an_abort(tmp_path: Any) -> None:
+    from rollouts.store import FileSessionStore, SessionStatus
+
+    reply = ScriptedReply(
+        tool_calls=(ScriptedToolCall("add", {"value": 2}), ScriptedToolCall("multiply", {"value": 3}))
+    )
+    store = FileSessionStore(tmp_path)
+    _NurseryTool.entered = trio.Event()
+    with trio.fail_after(5):  # nothing hangs
+        async with trio.open_nursery() as nursery:
+
+            async def run() -> None:
+                await run_agent(_state(ScriptedModel([reply]), _NurseryTool()), RunConfig(session_store=store))
+
+            nursery.start_soon(run)
+            await _NurseryTool.entered.wait()
+            nursery.cancel_scope.cancel()
+    session = (await store.list())[0]
+    assert session.status == SessionStatus.ABORTED  # not FAILED: it was a cancellation
+    assert session.environment_state == {"current_value": 2.0}
+
+    # With a run-level cancel scope the run returns its position instead.
+    _NurseryTool.entered = trio.Event()
+    cs = trio.CancelScope()
+
+    async def on_chunk(event: StreamEvent) -> None:
+        if isinstance(event, ToolExecutionStart) and event.tool_name == "multiply":
+            cs.deadline = trio.current_time() + 0.05
+
+    with trio.fail_after(5):
+        states = await run_agent(
+            _state(ScriptedModel([reply]), _NurseryTool()), RunConfig(on_chunk=on_chunk, cancel_scope=cs)
+        )
+    assert states[-1].stop == StopReason.ABORTED and states[-1].next_tool_idx == 1
+
+
+async def test_messages_any_handler_adds_are_recorded_and_a_step_handler_can_stop_the_run(tmp_path: Any) -> None:
+    from rollouts.store import FileSessionStore
+
+    def note(tag: str) -> Message:
+        return Message("user", f"[{tag}]", details={"injected": tag})
+
+    def on_error(result: ToolResult, state: AgentState) -> AgentState:
+        return state.with_messages(note("after_error"))
+
+    def on_stop(state: AgentState) -> AgentState:
+        return state.with_messages(note("stop_check")) if state.turn_idx == 1 else state
+
+    store = FileSessionStore(tmp_path)
+    model = ScriptedModel([tool_call("divide", value=0), "done"])
+    rc = RunConfig(session_store=store, handle_tool_error=on_error, handle_stop=on_stop)
+    states = await run_agent(_state(model, CalculatorEnvironment()), rc)
+    final = states[-1]
+    tags = [m.details["injected"] for m in final.messages if m.details and "injected" in m.details]
+    assert tags == ["after_error", "stop_check"]
+    _, stored = await store.get(final.session_id or "")
+    assert tuple(stored) == final.messages  # the session and the state never disagree
+
+    def stop_at_turn_1(state: AgentState) -> AgentState:
+        return replace(state, stop=StopReason.USER_EXIT) if state.turn_idx == 1 else state
+
+    model = ScriptedModel([tool_call("add", value=1), "never asked"])
+    states = await run_agent(_state(model, CalculatorEnvironment()), RunConfig(on_step_start=stop_at_turn_1))
+    assert states[-1].stop == StopReason.USER_EXIT and model.calls == 1
+
+
+async def test_the_default_confirm_tool_approves_without_asking() -> None:
+    async def on_input(prompt: str) -> str:
+        raise AssertionError("the default confirm_tool must not ask")
+
+    states = await _run_calls([tool_call("multiply", value=3)], _NeedsConfirmation(1), on_input=on_input)
+    assert _tool_messages(states[-1])[0].text == "Multiplied 1 by 3. Current value: 3"
+
+
+async def test_scripted_model_misuse_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+        ScriptedModel(["x"], chunk_size=0)
+    model = ScriptedModel([42])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="a reply must be a str, a ScriptedReply or an exception, got 42"):
+        await run_agent(_state(model), RunConfig())
+    model = ScriptedModel(["only one"])
+    await run_agent(_state(model), RunConfig())
+    with pytest.raises(ScriptExhaustedError, match="has 1 replies but was called 2 times"):
+        await run_agent(_state(model), RunConfig())

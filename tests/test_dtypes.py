@@ -117,8 +117,26 @@ def test_trajectory_hash_is_stable_and_ignores_timestamps() -> None:
     assert a.hash() == b.hash()
     assert a.hash() != c.hash()
     assert len(a.hash()) == 64
-    # Known value: the hash must not change between runs or releases without intent.
-    assert Trajectory(messages=(Message("user", "hi"),)).hash() == Trajectory(messages=(Message("user", "hi"),)).hash()
+    # Known value: the hash must not change between runs, processes or releases without intent
+    # (a change here invalidates every stored hash: bump it only on purpose).
+    pinned = Trajectory(
+        messages=(
+            Message("system", "Be terse."),
+            Message("user", "2+2? ✓", timestamp="t"),
+            Message(
+                "assistant",
+                (
+                    ThinkingContent("hmm", signature="s", provider="anthropic"),
+                    TextContent("4"),
+                    ToolCallContent("c1", "add", {"value": 4}),
+                ),
+            ),
+            Message("tool", "ok", tool_call_id="c1"),
+        ),
+        metadata={"id": "ü-1"},
+    )
+    assert pinned.hash() == "18a6348f027c2fb2e5887e08dd8bacda408c5b9d67ff5d10557b1d9bc11905a1"
+    assert Trajectory.from_jsonl(pinned.to_jsonl()).hash() == pinned.hash()
 
 
 def test_endpoint_never_emits_or_prints_secrets() -> None:
@@ -199,3 +217,81 @@ def test_usage_adds_up() -> None:
     total = Usage(1, 2, 3, 4, 5, 0.5) + Usage(10, 20, 30, 40, 50, 1.0)
     assert total == Usage(11, 22, 33, 44, 55, 1.5)
     assert total.total_tokens == 11 + 22 + 33 + 44
+
+
+def _persisted_values() -> list[object]:
+    """One rich value of every type that is written to disk or sent over JSON."""
+    usage = Usage(10, 20, 3, 4, 5, 0.0123)
+    traj = Trajectory(
+        messages=(Message("system", "Ünïcödé ✓ \U0001d518 \u0000 \t tab"), Message("user", "q"), _rich_message()),
+        completions=(Completion("anthropic", "claude-x", "tool_use", 2, 0.5, 0.1, 2), Completion("openai", "m")),
+        rewards=0.5,
+        metadata={"nested": {"list": [1, 2.5, None, True, "ß"]}, "emoji": "🎉"},
+    )
+    return [
+        Endpoint(
+            provider="anthropic",
+            model="claude-x",
+            api_base="http://127.0.0.1:1/v1",
+            max_tokens=100,
+            temperature=0.3,
+            thinking={"budget_tokens": 2048},
+            max_retries=5,
+            timeout=12.5,
+            extra_params={"top_k": 5, "metadata": {"user_id": "ü"}},
+            transport="http",
+        ),
+        Endpoint("openai", "gpt-4o"),
+        usage,
+        Usage(),
+        Tool("add", "Add ✓", {"type": "object", "properties": {"value": {"type": "number"}}, "required": ["value"]}),
+        ToolCall("c1", "add", {"value": 1.5, "nested": [{"a": None}]}, '{"value": 1.5}'),
+        ToolCall("c2", "add", {}, '{"value": ', "invalid JSON"),
+        ToolResult("c1", "done ✓", is_error=True, stop_reason=StopReason.TASK_COMPLETED, details={"x": [1]}),
+        ToolResult("c2", ""),
+        _rich_message(),
+        Message("tool", "résultat", tool_call_id="c1", details={"is_error": True}),
+        Message("user", (TextContent("look 👀"), ImageContent("image/png", data="aGk="))),
+        Completion("google", "gemini", "stop", 3, 1.25, None, 3),
+        traj,
+        Trajectory(),
+        Metric("correct", 1.0, 2.0, {"feedback": "très bien"}),
+        Score((Metric("a", 0.5, 1.0), Metric("b", 3.0))),
+        Sample(
+            "s-ü",
+            {"q": "2+2", "answer": 4},
+            traj,
+            Score((Metric("a", 1.0, 1.0),)),
+            "completed",
+            None,
+            "task_completed",
+            {"k": 1},
+        ),
+        Sample("s2", status="failed", error="ProviderError: boom"),
+    ]
+
+
+@pytest.mark.parametrize("ensure_ascii", [False, True])
+@pytest.mark.parametrize("value", _persisted_values(), ids=lambda v: type(v).__name__)
+def test_every_persisted_type_round_trips_through_json(value: object, ensure_ascii: bool) -> None:
+    cls = type(value)
+    data = value.to_dict()  # type: ignore[attr-defined]
+    text = json.dumps(data, ensure_ascii=ensure_ascii)
+    back = cls.from_dict(json.loads(text))  # type: ignore[attr-defined]
+    assert back == value
+    assert type(back) is cls
+    assert back.to_dict() == data  # and the JSON is stable
+    if isinstance(value, Endpoint):
+        assert "api_key" not in data
+
+
+def test_every_dataclass_is_frozen_and_sequence_fields_are_tuples() -> None:
+    from rollouts import dtypes, events, scoring
+
+    for module in (dtypes, events, scoring):
+        for obj in vars(module).values():
+            if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == module.__name__:
+                assert obj.__dataclass_params__.frozen, f"{obj.__name__} is not frozen"  # type: ignore[attr-defined]
+    t = Trajectory(messages=[Message("user", "a")], completions=[Completion("p", "m")])  # type: ignore[arg-type]
+    assert isinstance(t.messages, tuple) and isinstance(t.completions, tuple)
+    assert isinstance(Score([Metric("a", 1.0)]).metrics, tuple)  # type: ignore[arg-type]

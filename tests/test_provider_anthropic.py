@@ -339,7 +339,9 @@ async def test_cancellation_mid_stream_closes_the_connection() -> None:
 
             await call(_actor(srv.url), on_chunk)  # type: ignore[arg-type]
         assert scope.cancelled_caught
-        with trio.fail_after(10):  # the server notices the closed connection on its next write
+        # The rest of the stream would take ~10 s (500 events, 20 ms apart): idle within 1 s means the
+        # connection was closed at once (the server notices on its next write, <= 20 ms later).
+        with trio.fail_after(1):
             await srv.wait_idle()
         assert srv.completed_streams == 0
     assert len(rec.of(TextDelta)) == 3 and not rec.of(ThinkingDelta)
@@ -413,3 +415,43 @@ async def test_an_openai_style_base_url_with_v1_works_too() -> None:
         actor, _ = await call(_actor(srv.base_url))  # http://127.0.0.1:<port>/v1
         assert srv.last_request.path == "/v1/messages"
     assert actor.trajectory.messages[-1].text == "hi"
+
+
+async def test_token_and_cost_budgets_stop_on_the_usage_the_api_reported() -> None:
+    from rollouts.handlers import handle_stop_cost_budget, handle_stop_token_budget
+
+    per_call = Usage(input_tokens=100, output_tokens=20, cache_read_tokens=500)  # 620 tokens, $0.00025
+    turn = ScriptedReply(tool_calls=(ScriptedToolCall("add", {"value": 1}),), usage=per_call)
+    for handler, calls in [(handle_stop_token_budget(1000), 2), (handle_stop_cost_budget(0.0006), 3)]:
+        async with open_fake_server([turn] * 5) as srv:
+            endpoint = Endpoint("anthropic", MODEL, api_base=srv.url, api_key="k")
+            state = AgentState(
+                Actor(Trajectory((Message("user", "go"),)), endpoint), environment=CalculatorEnvironment()
+            )
+            states = await run_agent(state, RunConfig(handle_stop=handler))
+            assert len(srv.scripted_requests) == calls
+        final = states[-1]
+        assert final.stop == StopReason.BUDGET_EXCEEDED
+        total = final.actor.trajectory.total_usage()
+        assert (total.input_tokens, total.cache_read_tokens, total.total_tokens) == (
+            100 * calls,
+            500 * calls,
+            620 * calls,
+        )
+        assert total.cost_usd == pytest.approx(calls * cost_usd(per_call, MODEL))
+
+
+async def test_images_reach_the_server_through_the_sdk() -> None:
+    msgs = (
+        Message("system", "Describe images."),
+        Message("user", (TextContent("What is this?"), ImageContent("image/png", data="iVBORw0KGgo="))),
+    )
+    async with open_fake_server(["A pixel."]) as srv:
+        actor, _ = await call(_actor(srv.url, *msgs))
+        content = srv.last_request.json["messages"][0]["content"]
+    assert content[1] == {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+        "cache_control": {"type": "ephemeral"},
+    }
+    assert actor.trajectory.messages[-1].text == "A pixel."

@@ -298,7 +298,9 @@ async def test_cancellation_mid_stream_closes_the_connection(transport: str) -> 
             fn = get_provider_function("openai", "gpt-4o-mini")
             await fn(_actor(srv.base_url, transport), on_chunk)
         assert scope.cancelled_caught
-        with trio.fail_after(10):  # the server notices the closed connection on its next write
+        # The rest of the stream would take ~10 s (500 events, 20 ms apart): idle within 1 s means the
+        # connection was closed at once (the server notices on its next write, <= 20 ms later).
+        with trio.fail_after(1):
             await srv.wait_idle()
         assert srv.completed_streams == 0
         assert len(rec.of(TextDelta)) == 3
@@ -313,7 +315,7 @@ async def test_cancellation_during_slow_first_byte(transport: str) -> None:
             await fn(_actor(srv.base_url, transport), rec)
         assert scope.cancelled_caught
         assert [type(e) for e in rec.events] == [LLMCallStart]
-        with trio.fail_after(10):
+        with trio.fail_after(2):  # the server notices when it writes, after its 0.5 s delay
             await srv.wait_idle()
         assert srv.completed_streams == 0
 

@@ -45,6 +45,7 @@ def register_provider(name: str, fn: ProviderFn | ProviderResolver, *, resolver:
 
 
 def known_providers() -> list[str]:
+    """Every provider name `get_provider_function` accepts (built-in and registered), sorted."""
     return sorted(set(_BUILTIN) | set(_REGISTERED))
 
 

@@ -23,6 +23,7 @@ class ClientPool:
         self._lock = trio.Lock()
 
     async def get(self, key: Hashable, factory: Callable[[], Any]) -> Any:
+        """The client for `key`, made by `factory()` the first time it is asked for."""
         client = self._clients.get(key)
         if client is None:
             async with self._lock:
@@ -33,20 +34,30 @@ class ClientPool:
         return client
 
     async def aclose(self) -> None:
+        """Close every client (shielded: this runs on the way out of a cancelled run too). A
+        client whose close fails does not keep the others open; the first error is re-raised."""
         clients, self._clients = list(self._clients.values()), {}
+        first_error: Exception | None = None
         with trio.CancelScope(shield=True):
             for c in clients:
                 close = getattr(c, "aclose", None) or getattr(c, "close", None)
-                if close is not None:
+                if close is None:
+                    continue
+                try:
                     result = close()
                     if hasattr(result, "__await__"):
                         await result
+                except Exception as e:
+                    first_error = first_error or e
+        if first_error is not None:
+            raise first_error
 
 
 _current: ContextVar[ClientPool | None] = ContextVar("rollouts_client_pool", default=None)
 
 
 def current_pool() -> ClientPool | None:
+    """The pool of the innermost `client_scope()` of this task (None outside any)."""
     return _current.get()
 
 

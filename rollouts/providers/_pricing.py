@@ -80,7 +80,8 @@ def price_for(model: str) -> ModelPrice | None:
 
 def register_price(model: str, price: ModelPrice) -> None:
     """Add or replace the price of `model` (a name or a name prefix)."""
-    assert isinstance(price, ModelPrice), f"register_price needs a ModelPrice, got {price!r}"
+    if not isinstance(price, ModelPrice):
+        raise TypeError(f"register_price needs a ModelPrice(input=..., output=...), got {price!r}")
     _PRICES[_normalise(model)] = price
 
 

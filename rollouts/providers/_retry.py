@@ -89,6 +89,7 @@ _policy: ContextVar[RetryPolicy | None] = ContextVar("rollouts_retry_policy", de
 
 
 def current_policy() -> RetryPolicy:
+    """The RetryPolicy in force for this task (see `retry_policy`)."""
     return _policy.get() or _DEFAULT_POLICY
 
 
@@ -172,6 +173,7 @@ def _error_text(body: Any) -> tuple[str, str]:
 
 
 def is_context_too_long(message: str, code: str = "") -> bool:
+    """Whether an error message/code says the conversation does not fit the context window."""
     text = f"{code} {message}".lower()
     return any(h in text for h in _CONTEXT_HINTS)
 

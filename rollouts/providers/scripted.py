@@ -62,6 +62,9 @@ def tool_call(name: str, /, **arguments: Any) -> ScriptedReply:
 
 @dataclass(frozen=True)
 class ScriptedReply:
+    """One scripted model reply: optional thinking, then text, then tool calls; `usage` (else an
+    estimate of ~4 characters per token) and `finish_reason` (else `tool_use`/`stop`)."""
+
     text: str = ""
     tool_calls: tuple[ScriptedToolCall, ...] = ()
     thinking: str | None = None
@@ -85,6 +88,7 @@ class ScriptedRequest:
 
     @property
     def last_user_text(self) -> str:
+        """The text of the last user message, or ''."""
         for m in reversed(self.messages):
             if m.role == "user":
                 return m.text
@@ -115,8 +119,12 @@ class ScriptedModel:
         chunk_size: int = 8,
         chunk_delay_s: float = 0.0,
     ) -> None:
-        assert chunk_size > 0
-        assert chunk_delay_s >= 0
+        if chunk_size < 1:
+            raise ValueError(f"ScriptedModel: chunk_size must be >= 1 character, got {chunk_size}")
+        if chunk_delay_s < 0 or latency_s < 0:
+            raise ValueError(
+                f"ScriptedModel: delays must be >= 0, got latency_s={latency_s}, chunk_delay_s={chunk_delay_s}"
+            )
         self.name = name or f"scripted-{next(_ids)}"
         self.latency_s = latency_s
         self.chunk_delay_s = chunk_delay_s
@@ -133,6 +141,7 @@ class ScriptedModel:
 
     @property
     def endpoint(self) -> Endpoint:
+        """The Endpoint that routes to this model (`provider="scripted"`, `model=self.name`)."""
         return Endpoint(provider="scripted", model=self.name)
 
     async def _reply(self, request: ScriptedRequest) -> ScriptedReply:
@@ -151,11 +160,15 @@ class ScriptedModel:
             raise r
         if isinstance(r, str):
             return ScriptedReply(text=r)
-        assert isinstance(r, ScriptedReply), f"a scripted reply must be str or ScriptedReply, got {r!r}"
+        if not isinstance(r, ScriptedReply):
+            raise TypeError(
+                f"scripted model {self.name!r}: a reply must be a str, a ScriptedReply or an exception, got {r!r}"
+            )
         return r
 
 
 def get_scripted_model(name: str) -> ScriptedModel:
+    """The ScriptedModel an endpoint's `model` names (made earlier in this process)."""
     try:
         return _MODELS[name]
     except KeyError:

@@ -45,7 +45,9 @@ alternate), `formats` (default: every format in `_registry.FORMATS`), `port`.
 `body`/`.json`, `raw_body`, `index`), `srv.scripted_requests`, `srv.last_request`,
 `srv.in_flight`, `srv.max_in_flight` (most scripted requests in progress at once),
 `await srv.wait_idle()` (until nothing is in flight),
-`srv.connections_opened`, `srv.completed_streams`, `srv.errors`.
+`srv.connections_opened`, `srv.connections_closed` (connections that have ended, by either side;
+`await srv.wait_connections_closed()` until all have),
+`srv.completed_streams`, `srv.errors`.
 
 **Formats** are pluggable (`WireFormat` protocol in `server.py`, registry in `_registry.py`).
 Shipped: OpenAI Chat Completions (`chat.py`: `POST */chat/completions`, `GET */models`).

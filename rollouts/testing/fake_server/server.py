@@ -224,10 +224,12 @@ class FakeServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self.connections_opened = 0
+        self.connections_closed = 0
         self.completed_streams = 0
         self._next_index = 0
         self._idle = trio.Event()
         self._idle.set()
+        self._closed = trio.Event()  # set (and replaced) each time a connection ends
         self.host = "127.0.0.1"
         self.port = 0
 
@@ -259,6 +261,12 @@ class FakeServer:
         handler ends at its next write)."""
         while self.in_flight:
             await self._idle.wait()
+
+    async def wait_connections_closed(self) -> None:
+        """Return once every connection opened so far has ended (e.g. once a client that kept its
+        connection alive was closed)."""
+        while self.connections_closed < self.connections_opened:
+            await self._closed.wait()
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -297,6 +305,9 @@ class FakeServer:
         finally:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
+            self.connections_closed += 1
+            self._closed.set()
+            self._closed = trio.Event()
 
     async def _read_request(self, conn: h11.Connection, stream: trio.SocketStream) -> RecordedRequest | None:
         head: h11.Request | None = None
