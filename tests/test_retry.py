@@ -238,3 +238,44 @@ async def test_generic_loop_retries_classified_failures() -> None:
     )
     assert result == ("done", 3) and seen == [1, 2, 3]
     assert [e.attempt for e in rec.of(StreamError)] == [1, 2]
+
+
+KEY = "sk-ECHOED-key-0123456789"
+
+
+def _keyed_endpoint(provider: str, srv: Any) -> Endpoint:
+    url = srv.url if provider in ("anthropic", "google") else srv.base_url
+    model = {"anthropic": "claude-haiku-4-5", "google": "gemini-2.5-flash", "openai-responses": "gpt-4.1"}
+    return Endpoint(provider, model.get(provider, "gpt-4o-mini"), api_base=url, api_key=KEY, max_retries=1)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "google", "openai-responses"])
+async def test_a_key_the_server_echoes_never_reaches_errors_events_or_files(provider: str, tmp_path: Any) -> None:
+    """Some servers put the key they rejected into the error message; it must go no further."""
+    from rollouts.eval_config import EvalConfig
+    from rollouts.evaluation import evaluate
+
+    script = [http_error(500, message=f"upstream broke for key {KEY}"), http_error(401, message=f"bad key {KEY}")]
+    async with open_fake_server(script) as srv:
+        rec = Recorder()
+        with pytest.raises(AuthenticationError) as info:
+            await _call(Actor(Trajectory((Message("user", "hi"),)), _keyed_endpoint(provider, srv)), rec)
+    assert KEY not in str(info.value) and "***" in str(info.value)
+    assert info.value.__cause__ is None  # the SDK's own exception quotes the key: not chained
+    errors = rec.of(StreamError)
+    assert len(errors) == 2 and all(KEY not in e.error for e in errors) and "***" in errors[0].error
+
+    # evaluate(): a provider error is recorded in the sample, an auth error stops the eval
+    script = [http_error(500, message=f"upstream broke for key {KEY}")] * 2 + [http_error(401, message=f"bad {KEY}")]
+    async with open_fake_server(script) as srv:
+        endpoint = _keyed_endpoint(provider, srv)
+
+        def config(out: str) -> EvalConfig:
+            return EvalConfig(endpoint=endpoint, output_dir=tmp_path / out, show_progress=False, provider_error_retries=0)
+
+        report = await evaluate([{"prompt": "hi"}], config("provider-error"))
+        assert report.samples[0].status == "provider_error" and "***" in (report.samples[0].error or "")
+        with pytest.raises(AuthenticationError):
+            await evaluate([{"prompt": "hi"}], config("auth"))
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(written) >= 3 and all(KEY.encode() not in p.read_bytes() for p in written)

@@ -254,11 +254,14 @@ async def stream_with_retries(
     endpoint: Endpoint,
     on_chunk: OnChunk,
     classify: Callable[[Exception], Failure | None],
+    secret: str = "",
 ) -> tuple[T, int]:
     """Run `attempt(on_chunk, attempt_number)` until it succeeds; return (its result, attempts).
 
     See the module docstring for the policy. Raises the classified `ProviderError` (chained to
-    the original exception) when retries run out or the failure is not retryable."""
+    the original exception) when retries run out or the failure is not retryable. `secret` (the
+    API key in use) is cut out of every error text a server echoed it into, and an original
+    exception that mentions it is not chained, so it reaches no log, sample or report."""
     policy = current_policy()
     max_attempts = endpoint.max_retries + 1
     deadline = trio.current_time() + total_deadline(endpoint)
@@ -284,6 +287,7 @@ async def stream_with_retries(
             failure = classify(exc)
             if failure is None:
                 raise
+            _scrub(failure.error, secret)
             last, last_exc = failure, exc
             if not failure.error.retryable or n == max_attempts:
                 break
@@ -294,4 +298,25 @@ async def stream_with_retries(
             await trio.sleep(delay)
     assert last is not None
     await on_chunk(StreamError(str(last.error), will_retry=False, attempt=n))
-    raise last.error from last_exc
+    raise last.error from (None if _mentions(last_exc, secret) else last_exc)
+
+
+_MIN_SECRET = 8  # shorter "keys" (placeholders such as "EMPTY") are not worth scrubbing
+
+
+def _scrub(error: ProviderError, secret: str) -> None:
+    if len(secret) >= _MIN_SECRET and secret in str(error):
+        error.args = (str(error).replace(secret, "***"),)
+
+
+def _mentions(exc: BaseException | None, secret: str) -> bool:
+    """Whether `secret` appears in the text of `exc` or anything it is chained to."""
+    if len(secret) < _MIN_SECRET:
+        return False
+    seen = 0
+    while exc is not None and seen < 16:
+        if secret in str(exc) or secret in repr(exc.args):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False

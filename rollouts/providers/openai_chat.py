@@ -209,7 +209,9 @@ async def _stream_chat(actor: Actor, on_chunk: OnChunk, *, compat: bool) -> Acto
     def classify(exc: Exception) -> Failure | None:
         return classify_openai_error(exc, provider)
 
-    finish_reason, attempts = await stream_with_retries(attempt, endpoint=ep, on_chunk=emit, classify=classify)
+    finish_reason, attempts = await stream_with_retries(
+        attempt, endpoint=ep, on_chunk=emit, classify=classify, secret=api_key
+    )
     message = builder.finish()
     if not usage_reported:
         message = replace(message, details={**(message.details or {}), "usage_reported": False})

@@ -483,7 +483,9 @@ async def stream_openai_responses(actor: Actor, on_chunk: OnChunk) -> Actor:
     def classify(exc: Exception) -> Failure | None:
         return classify_responses_error(exc, provider)
 
-    finish_reason, attempts = await stream_with_retries(attempt, endpoint=ep, on_chunk=emit, classify=classify)
+    finish_reason, attempts = await stream_with_retries(
+        attempt, endpoint=ep, on_chunk=emit, classify=classify, secret=api_key
+    )
     message = builder.finish()
     completion = Completion(
         provider=provider,
