@@ -271,7 +271,9 @@ async def test_a_key_the_server_echoes_never_reaches_errors_events_or_files(prov
         endpoint = _keyed_endpoint(provider, srv)
 
         def config(out: str) -> EvalConfig:
-            return EvalConfig(endpoint=endpoint, output_dir=tmp_path / out, show_progress=False, provider_error_retries=0)
+            return EvalConfig(
+                endpoint=endpoint, output_dir=tmp_path / out, show_progress=False, provider_error_retries=0
+            )
 
         report = await evaluate([{"prompt": "hi"}], config("provider-error"))
         assert report.samples[0].status == "provider_error" and "***" in (report.samples[0].error or "")
