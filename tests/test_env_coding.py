@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from _env_helpers import calls, is_running, run, tool_messages, wait_dead
+from _env_helpers import calls, is_running, run, session_members, tool_messages, wait_dead, wait_session_empty
 
 from rollouts import AgentState, RunConfig, StopReason, ToolCall
 from rollouts.environments import CodingEnvironment, check_environment
@@ -146,14 +146,24 @@ async def test_ls_glob_grep(root: Path) -> None:
 # ---- bash: timeout, cancellation, output cap -----------------------------------------------------
 
 
+# A process tree: a background child, a double-forked grandchild re-parented to init (still in
+# the command's session) and a foreground child; all of them write their pids.
+_TREE = "sleep 300 & echo $! >> pids; (sleep 300 & echo $! >> pids) ; bash -c 'echo $$ >> pids; sleep 300' & "
+
+
 async def test_bash_timeout_kills_the_whole_process_group(root: Path) -> None:
     env = CodingEnvironment(root, bash_timeout=2)
-    r = await _call(env, "bash", command="sleep 300 & echo $! > child.pid; sleep 300")
-    assert r.is_error and "Timed out after 2s" in r.content
+    t0 = trio.current_time()
+    r = await _call(env, "bash", command=_TREE + "echo $$ >> pids; echo started; sleep 300")
+    elapsed = trio.current_time() - t0
+    assert r.is_error and "Timed out after 2s" in r.content and "started" in r.content
+    assert 2 <= elapsed < 3.5, f"killed after {elapsed:.2f}s, not at its 2s timeout"
     assert r.details is not None and r.details["timed_out"] is True
-    child = int((root / "child.pid").read_text())
-    assert await wait_dead(r.details["pid"]), "the shell survived its timeout"
-    assert await wait_dead(child), "a background child survived the timeout (orphan)"
+    pids = [int(x) for x in (root / "pids").read_text().split()]
+    assert len(pids) == 4 and r.details["pid"] in pids
+    assert await wait_session_empty(r.details["pid"]) == [], "processes of the command outlived its timeout"
+    for pid in pids:
+        assert await wait_dead(pid), f"process {pid} survived the timeout (orphan)"
 
 
 async def test_bash_cancellation_kills_the_whole_process_group(root: Path) -> None:
@@ -163,28 +173,31 @@ async def test_bash_cancellation_kills_the_whole_process_group(root: Path) -> No
         async with trio.open_nursery() as nursery:
 
             async def _run() -> None:
-                await _call(
-                    env, "bash", command="echo $$ > pids.tmp; sleep 300 & echo $! >> pids.tmp; mv pids.tmp pids; wait"
-                )
+                await _call(env, "bash", command=_TREE + "echo $$ > shell.pid; echo $$ >> pids; wait")
 
             nursery.start_soon(_run)
             for _ in range(1000):
-                if pid_file.exists():
+                if pid_file.exists() and len(pid_file.read_text().split()) == 4:
                     break
                 await trio.sleep(0.01)
             pids = [int(x) for x in pid_file.read_text().split()]
-            assert len(pids) == 2 and all(is_running(p) for p in pids)
+            shell = int((root / "shell.pid").read_text())
+            assert len(pids) == 4 and shell in pids and all(is_running(p) for p in pids)
+            assert set(pids) <= set(session_members(shell)), "the listing sees the whole tree while it runs"
             nursery.cancel_scope.cancel()
     assert not guard.cancelled_caught
+    assert await wait_session_empty(shell) == [], "processes of the command outlived its cancellation"
     for pid in pids:
         assert await wait_dead(pid), f"process {pid} survived cancellation (orphan)"
 
 
 async def test_background_jobs_do_not_outlive_the_command(root: Path) -> None:
     env = CodingEnvironment(root)
-    r = await _call(env, "bash", command="sleep 300 & echo $! > bg.pid; echo started")
+    r = await _call(env, "bash", command=_TREE + "echo started")
     assert not r.is_error and "started" in r.content
-    assert await wait_dead(int((root / "bg.pid").read_text()))
+    assert r.details is not None and await wait_session_empty(r.details["pid"]) == []
+    for pid in (int(x) for x in (root / "pids").read_text().split()):
+        assert await wait_dead(pid)
 
 
 async def test_huge_output_is_capped_keeping_head_and_tail(root: Path) -> None:
@@ -309,5 +322,6 @@ async def test_cancelling_the_run_mid_bash_aborts_cleanly_without_orphans(root: 
     final = result[0][-1]
     assert final.stop == StopReason.ABORTED
     assert [c.name for c in final.pending_tool_calls] == ["bash"] and final.next_tool_idx == 0
+    assert await wait_session_empty(pids[0]) == []
     for pid in pids:
         assert await wait_dead(pid), f"process {pid} outlived the cancelled run"
