@@ -10,8 +10,9 @@ Each environment works on its own branch (`rollouts/<id>`, renamed to `rollouts/
 when a session starts) checked out in its own worktree, created from the repository's default
 branch (origin's HEAD, else main/master/trunk, else the checked-out branch) or `base_ref`. Every
 tool call that changes files (write, edit, bash) is committed, so a trajectory maps to a commit
-history; the branch is kept after cleanup. `serialize()` records the repository, branch,
-worktree and head; `deserialize()` re-attaches to the same worktree without creating anything
+history; a call cancelled half-way commits what it did so far, marked "(interrupted)", so it is
+not folded into the next call's commit. The branch is kept after cleanup. `serialize()` records
+the repository, branch, worktree and head; `deserialize()` re-attaches to the same worktree without creating anything
 (it re-adds the worktree for the branch only when its directory has gone, e.g. on resume after
 cleanup).
 """
@@ -213,16 +214,26 @@ class GitWorktreeEnvironment(CodingEnvironment):
                 f"The worktree {self.root} no longer exists (the environment was cleaned up).",
                 is_error=True,
             )
-        result = await super().exec_tool(tool_call, state, run_config, cancel_scope)
         if tool_call.name not in _MUTATING_TOOLS:
-            return result
+            return await super().exec_tool(tool_call, state, run_config, cancel_scope)
+        try:
+            result = await super().exec_tool(tool_call, state, run_config, cancel_scope)
+        except BaseException:
+            # Cancelled (or crashed) half-way: commit what the call did so far, under its own
+            # name, so it is not folded into the next call's commit. Shielded and bounded.
+            with trio.CancelScope(shield=True), trio.move_on_after(_GIT_TIMEOUT_S):
+                try:
+                    await self._commit(tool_call, interrupted=True)
+                except GitError:
+                    pass  # the original exception matters more
+            raise
         sha = await self._commit(tool_call)
         if sha is None:
             return result
         details = {**dict(result.details or {}), "commit": sha}
         return dataclasses.replace(result, details=details)
 
-    async def _commit(self, call: ToolCall) -> str | None:
+    async def _commit(self, call: ToolCall, *, interrupted: bool = False) -> str | None:
         """Commit every change in the worktree; the new commit's sha, or None if nothing changed."""
         status = await _git(self.root, "status", "--porcelain", "--untracked-files=all")
         if not _out(status):
@@ -234,6 +245,8 @@ class GitWorktreeEnvironment(CodingEnvironment):
             subject = f"bash: {first[:60]}{'...' if len(first) > 60 else ''}"
         else:
             subject = f"{call.name}: {args.get('path', '')}"
+        if interrupted:
+            subject += " (interrupted)"
         message = f"{subject}\n\nTool-Call-Id: {call.id}\n"
         await _git(self.root, *_GIT_IDENTITY, "commit", "--quiet", "--no-verify", "-m", message)
         self.head = _out(await _git(self.root, "rev-parse", "HEAD"))
