@@ -72,6 +72,8 @@ def site() -> Iterator[str]:
         "/data.json": (200, "application/json", b'{"name": "rollouts", "tags": ["a", "b"]}', {}),
         "/plain.txt": (200, "text/plain; charset=utf-8", "caf\u00e9 plain text\n".encode(), {}),
         "/image.png": (200, "image/png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 100, {}),
+        "/latin1.txt": (200, "text/plain; charset=iso-8859-1", "caf\u00e9".encode("latin-1"), {}),
+        "/bogus.txt": (200, "text/plain; charset=no-such-charset", b"plain bytes", {}),
         "/go-a": (302, "text/plain", b"", {"Location": "/a"}),
         "/to-localhost": (302, "text/plain", b"", {"Location": base.replace("127.0.0.1", "localhost") + "/a"}),
         "/big": (200, html, b"<html><body><p>" + b"lorem ipsum " * 400_000 + b"</p></body></html>", {}),
@@ -153,6 +155,10 @@ async def test_content_types(site: str) -> None:
     assert not r.is_error and '"name": "rollouts"' in r.content and '  "tags": [' in r.content
     r = await _call(env, "fetch", url=site + "/plain.txt")
     assert not r.is_error and "caf\u00e9 plain text" in r.content
+    r = await _call(env, "fetch", url=site + "/latin1.txt")
+    assert not r.is_error and "caf\u00e9" in r.content
+    r = await _call(env, "fetch", url=site + "/bogus.txt")
+    assert not r.is_error and "plain bytes" in r.content
     r = await _call(env, "fetch", url=site + "/image.png")
     assert r.is_error and "'image/png'" in r.content and "text/html, text/plain and JSON" in r.content
     r = await _call(env, "fetch", url=site + "/missing")

@@ -236,7 +236,10 @@ class BrowsingEnvironment(ToolEnvironment):
                 del body[self.max_bytes :]
                 truncated = True
                 break
-        text = bytes(body).decode(resp.charset_encoding or "utf-8", errors="replace")
+        try:
+            text = bytes(body).decode(resp.charset_encoding or "utf-8", errors="replace")
+        except LookupError:  # a charset Python does not know: read it as UTF-8
+            text = bytes(body).decode("utf-8", errors="replace")
         if resp.status_code >= 400:
             snippet = " ".join(text.split())[:300]
             raise ToolError(f"HTTP {resp.status_code} {resp.reason_phrase} for {url}. {snippet}".strip())
