@@ -181,7 +181,7 @@ async def test_no_secret_in_any_written_file(tmp_path: Path) -> None:
         provider="scripted",
         model=model.name,
         api_key=secret,
-        api_base=f"https://user:{secret}@example.invalid/v1",
+        api_base=f"https://user:{secret}@example.invalid/v1?api-version=2024-06&key={secret}",
         extra_params={"extra_headers": {"Authorization": f"Bearer {secret}"}, "seed": 3},
     )
     config = _config(model, tmp_path, endpoint=endpoint, metadata={"token": secret, "note": "kept"})
@@ -194,6 +194,7 @@ async def test_no_secret_in_any_written_file(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["config"]["endpoint"]["extra_params"]["seed"] == 3
     assert data["config"]["metadata"]["note"] == "kept"
+    assert data["config"]["endpoint"]["api_base"].endswith("/v1?api-version=2024-06&key=[redacted]")
     assert secret not in json.dumps(report.to_dict(include_samples=True))
 
 
@@ -214,6 +215,15 @@ def test_redact_secrets_keeps_token_counts() -> None:
         "auth": "",
         "author": "a",
     }
+
+
+def test_redact_secrets_blanks_url_credentials_only() -> None:
+    assert redact_secrets("https://u:p@h/v1") == "https://[redacted]@h/v1"
+    assert redact_secrets("https://h/v1?key=abc&model=m&access_token=t#f") == (
+        "https://h/v1?key=[redacted]&model=m&access_token=[redacted]#f"
+    )
+    assert redact_secrets("https://h/v1?api-version=2024&tokens=5") == "https://h/v1?api-version=2024&tokens=5"
+    assert redact_secrets("no url ?key=abc") == "no url ?key=abc"
 
 
 def test_sample_log_survives_a_torn_last_line(tmp_path: Path) -> None:
