@@ -226,5 +226,6 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
 
 
 def read_json(path: str | Path) -> Any:
+    """The JSON value in the file at `path`."""
     with Path(path).open(encoding="utf-8") as f:
         return json.load(f)

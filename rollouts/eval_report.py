@@ -83,6 +83,7 @@ class EvalReport:
         return tuple(s.reward for s in self.samples)
 
     def get(self, sample_id: str) -> Sample | None:
+        """The sample with this id, or None."""
         for s in self.samples:
             if s.id == sample_id:
                 return s
@@ -93,6 +94,7 @@ class EvalReport:
         return f"{self.eval_name} [{self.status}] in {self.duration_s:.2f}s\n{format_summary(self.summary)}"
 
     def to_dict(self, include_samples: bool = False) -> dict[str, Any]:
+        """What report.json holds (sample ids only, unless `include_samples`)."""
         d: dict[str, Any] = {
             "eval_name": self.eval_name,
             "status": self.status,
@@ -112,6 +114,7 @@ class EvalReport:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], samples: Iterable[Sample] = ()) -> EvalReport:
+        """A report from `to_dict()` output, with `samples` (else the dict's own `samples`)."""
         given = tuple(samples) or tuple(Sample.from_dict(s) for s in data.get("samples", ()))
         return cls(
             eval_name=data["eval_name"],
