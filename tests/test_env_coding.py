@@ -114,6 +114,22 @@ async def test_read_line_ranges_and_size_cap(root: Path) -> None:
     assert r.is_error and "binary" in r.content
 
 
+async def test_read_refuses_files_over_the_size_limit_and_cuts_huge_lines(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rollouts.environments.coding as coding
+
+    env = CodingEnvironment(root, max_read_chars=100)
+    (root / "wide.txt").write_text("x" * 1000 + "\nshort\n")
+    r = await _call(env, "read", path="wide.txt")
+    first = r.content.splitlines()[0]
+    assert first.endswith(" [line truncated]") and len(first) < 130
+    assert "Use offset=2" in r.content
+    monkeypatch.setattr(coding, "_MAX_READ_FILE_BYTES", 500)
+    r = await _call(env, "read", path="wide.txt")
+    assert r.is_error and "too large to read whole" in r.content and "grep" in r.content
+
+
 async def test_write_creates_directories_and_edit_replaces_exactly(root: Path) -> None:
     env = CodingEnvironment(root)
     r = await _call(env, "write", path="pkg/deep/mod.py", content="a = 1\na = 1\nb = 2\n")

@@ -3,6 +3,7 @@ dataset loaders."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -276,7 +277,14 @@ def test_load_jsonl_and_csv_are_lazy_and_name_bad_lines(tmp_path: Path) -> None:
 
     c = tmp_path / "d.csv"
     c.write_text('id,q,answer\nx,"2, plus 2",4\ny,3,3\n')
-    assert list(load_csv(c)) == [{"id": "x", "q": "2, plus 2", "answer": "4"}, {"id": "y", "q": "3", "answer": "3"}]
+    rows = load_csv(c)
+    assert inspect.isgenerator(rows)  # rows are read as they are asked for
+    assert next(rows) == {"id": "x", "q": "2, plus 2", "answer": "4"}
+    assert list(rows) == [{"id": "y", "q": "3", "answer": "3"}]
+    (tmp_path / "t.tsv").write_text("q\tanswer\n1\t2\n")
+    assert list(load_csv(tmp_path / "t.tsv", delimiter="\t")) == [{"q": "1", "answer": "2"}]
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        list(load_csv(tmp_path / "missing.csv"))
 
 
 async def test_evaluate_a_jsonl_file_end_to_end(tmp_path: Path) -> None:
