@@ -316,6 +316,12 @@ async def test_bash_does_not_inherit_credentials_unless_asked(root: Path, monkey
     assert r.content.startswith("unset visible given\n")
     r = await _call(CodingEnvironment(root, pass_secrets=True), "bash", command=cmd)
     assert r.content.startswith("sk-should-not-leak visible \n")
+    # One credential passed by name: its value reaches bash but never the serialized state.
+    env = CodingEnvironment(root, pass_env=["ROLLOUTS_TEST_API_KEY"])
+    clone = await clone_environment(env)
+    assert "sk-should-not-leak" not in json.dumps(await clone.serialize())
+    r = await _call(clone, "bash", command=cmd)  # type: ignore[arg-type]
+    assert r.content.startswith("sk-should-not-leak visible \n")
 
 
 async def test_cancelling_the_run_mid_bash_aborts_cleanly_without_orphans(root: Path) -> None:

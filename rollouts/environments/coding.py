@@ -59,9 +59,12 @@ class CodingEnvironment(ToolEnvironment):
         max_output_bytes: bash output kept (head and tail) per command.
         max_read_chars: characters `read` returns per call (use offset/limit for more).
         confirm_bash / confirm_writes: mark bash / write+edit calls `requires_confirmation`.
-        bash_env: extra environment variables for bash commands.
-        pass_secrets: pass variables whose names look like credentials (`*_API_KEY`, `*TOKEN*`,
-            `*SECRET*`, ...) from this process to bash. Off by default.
+        bash_env: extra environment variables for bash commands. They are serialized (and so
+            recorded in sessions): put no secrets here; name them in `pass_env` instead.
+        pass_env: names of variables of this process to pass to bash even though they look
+            like credentials (e.g. `("GITHUB_TOKEN",)`); only the names are serialized.
+        pass_secrets: pass every variable whose name looks like a credential (`*_API_KEY`,
+            `*TOKEN*`, `*SECRET*`, ...) from this process to bash. Off by default.
 
     The path confinement applies to the file tools. `bash` runs in the root but is not a
     sandbox: a command can read any file the process can. Use the `read_only` preset (no
@@ -80,6 +83,7 @@ class CodingEnvironment(ToolEnvironment):
         confirm_bash: bool = False,
         confirm_writes: bool = False,
         bash_env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
         pass_secrets: bool = False,
     ) -> None:
         if preset not in PRESETS:
@@ -98,6 +102,7 @@ class CodingEnvironment(ToolEnvironment):
         self.confirm_bash = confirm_bash
         self.confirm_writes = confirm_writes
         self.bash_env = dict(bash_env or {})
+        self.pass_env = tuple(pass_env)
         self.pass_secrets = pass_secrets
 
     # ---- protocol -------------------------------------------------------------------------
@@ -126,6 +131,7 @@ class CodingEnvironment(ToolEnvironment):
             "confirm_bash": self.confirm_bash,
             "confirm_writes": self.confirm_writes,
             "bash_env": dict(self.bash_env),
+            "pass_env": list(self.pass_env),
             "pass_secrets": self.pass_secrets,
         }
 
@@ -285,7 +291,9 @@ class CodingEnvironment(ToolEnvironment):
         if not 0 < t <= self.max_bash_timeout:
             raise ToolError(f"timeout must be between 0 and {self.max_bash_timeout:g} seconds, got {timeout_seconds}.")
         shell = shutil.which("bash") or "/bin/sh"
-        inherited = {k: v for k, v in os.environ.items() if self.pass_secrets or not _SECRET_ENV.search(k)}
+        inherited = {
+            k: v for k, v in os.environ.items() if self.pass_secrets or k in self.pass_env or not _SECRET_ENV.search(k)
+        }
         env = {**inherited, **self.bash_env}
         r = await run_command(
             [shell, "-c", command], cwd=self.root, timeout_s=t, max_output_bytes=self.max_output_bytes, env=env
