@@ -241,3 +241,34 @@ async def test_a_call_cancelled_half_way_commits_what_it_did_under_its_own_name(
     # The next call's commit holds only its own change.
     await env.exec_tool(ToolCall("c2", "write", {"path": "next.txt", "content": "x\n"}), None, RunConfig())  # type: ignore[arg-type]
     assert git(repo, "show", "--name-only", "--format=", env.branch) == "next.txt"
+
+
+async def test_evaluate_gives_each_sample_its_own_worktree_and_removes_them(repo: Path, tmp_path: Path) -> None:
+    from rollouts import EvalConfig, Message, ScriptedModel, evaluate
+    from rollouts.providers.scripted import ScriptedRequest
+
+    def reply(req: ScriptedRequest) -> object:
+        if req.messages[-1].role == "user":
+            n = req.last_user_text
+            return tool_call("bash", command=f"echo {n} > answer.txt && python test_calc.py; true")
+        return "done"
+
+    async def factory() -> GitWorktreeEnvironment:
+        return await GitWorktreeEnvironment.create(repo, worktrees_dir=tmp_path / "wt")
+
+    model = ScriptedModel(reply)
+    config = EvalConfig(
+        endpoint=model.endpoint,
+        prepare_messages=lambda row: [Message("user", str(row["n"]))],
+        environment_factory=factory,
+        max_concurrent=6,
+        show_progress=False,
+    )
+    report = await evaluate([{"n": i} for i in range(6)], config)
+    assert [s.status for s in report.samples] == ["completed"] * 6
+    assert worktrees(repo) == [str(repo)]  # every sample's worktree was removed
+    branches = git(repo, "branch", "--list", "rollouts/*", "--format=%(refname:short)").split()
+    assert len(branches) == 6
+    answers = sorted(git(repo, "show", f"{b}:answer.txt") for b in branches)
+    assert answers == [str(i) for i in range(6)]
+    assert all(git(repo, "log", "-1", "--format=%s", b).startswith("bash: echo") for b in branches)
