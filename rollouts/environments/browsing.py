@@ -12,6 +12,7 @@ The current page (url, title, text, links) and the history are the state `serial
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -248,7 +249,10 @@ class BrowsingEnvironment(ToolEnvironment):
     async def _open(self, url: str) -> str:
         final, kind, body, truncated = await self._get(self.check_url(url.strip()))
         if kind == "html":
-            page = html_to_page(body, final, max_links=self.max_links)
+            # Off the event loop: a 2 MB page takes a second or two to parse.
+            page = await trio.to_thread.run_sync(
+                functools.partial(html_to_page, body, final, max_links=self.max_links), abandon_on_cancel=True
+            )
             title, text, links = page.title, page.text, page.links
         elif kind == "json":
             try:
