@@ -159,6 +159,68 @@ async def test_ls_glob_grep(root: Path) -> None:
     assert (await _call(env, "grep", pattern="(")).is_error
 
 
+async def test_a_backtracking_grep_neither_freezes_the_loop_nor_outlives_its_limit(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`re` holds the GIL for a whole match: (a+)+$ on this line runs for minutes, which in a
+    thread would freeze the event loop. In its own process it is killed at the limit or on
+    cancellation, and the loop keeps running meanwhile."""
+    import rollouts.environments.coding as coding
+
+    env = CodingEnvironment(root)
+    (root / "evil.txt").write_text("a" * 40 + "!\n")
+    ticks = 0
+
+    async def _tick() -> None:
+        nonlocal ticks
+        while True:
+            await trio.sleep(0.05)
+            ticks += 1
+
+    monkeypatch.setattr(coding, "_GREP_TIMEOUT_S", 1.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_tick)
+        t0 = trio.current_time()
+        r = await _call(env, "grep", pattern="(a+)+$", path="evil.txt")
+        elapsed = trio.current_time() - t0
+        nursery.cancel_scope.cancel()
+    assert r.is_error and "grep stopped after 1s" in r.content and "(a+)+" in r.content
+    assert elapsed < 3.0 and ticks >= 8, (elapsed, ticks)
+
+    monkeypatch.setattr(coding, "_GREP_TIMEOUT_S", 300.0)
+    t0 = trio.current_time()
+    with trio.move_on_after(0.5) as scope:
+        await _call(env, "grep", pattern="(a+)+$", path="evil.txt")
+    assert scope.cancelled_caught and trio.current_time() - t0 < 2.0
+    assert _grep_workers(root) == [], "the grep process outlived the cancellation"
+
+
+def _grep_workers(root: Path) -> list[int]:
+    """Pids of running grep worker processes searching under `root` (from a full /proc listing)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+                    if b"_grep_worker.py" in cmdline and str(root).encode() in cmdline and is_running(int(entry)):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+async def test_grep_reports_too_many_files_and_caps_matches(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rollouts.environments.coding as coding
+
+    monkeypatch.setattr(coding, "_MAX_LIST", 5)
+    r = await _call(CodingEnvironment(root), "grep", pattern="line", path="notes.txt")
+    assert r.content.count("notes.txt:") == 5 and "more than 5 matches" in r.content
+    monkeypatch.setattr(coding, "_MAX_WALK_FILES", 1)
+    r = await _call(CodingEnvironment(root), "grep", pattern="x")
+    assert r.is_error and "More than 1 files" in r.content
+
+
 # ---- bash: timeout, cancellation, output cap -----------------------------------------------------
 
 

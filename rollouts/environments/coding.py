@@ -4,6 +4,8 @@ Every path a tool receives is resolved against the root (symlinks included) and 
 lands outside: `../x`, `/etc/passwd` and a symlink pointing out of the root all give a clear
 error result. `bash` runs in the root in its own process group with a timeout; the whole group
 is killed on timeout, on cancellation and when the command ends, and its output is capped.
+`grep` also runs in a process of its own with a time limit, so a pattern that backtracks
+catastrophically cannot freeze the event loop (Python's `re` holds the GIL while it matches).
 
 Presets choose the tools: `read_only` (read, ls, glob, grep), `no_write` (those plus bash) and
 `full` (everything). The files themselves are the environment's state on disk; `serialize()`
@@ -12,10 +14,11 @@ captures the root and the settings, so clones made by the agent loop share the d
 
 from __future__ import annotations
 
-import fnmatch
+import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import trio
 
 from rollouts.dtypes import ToolCall, ToolResult
+from rollouts.environments._grep_worker import TooManyFiles, walk_files
 from rollouts.environments._process import run_command
 from rollouts.environments.tools import ToolEnvironment, ToolError, tool
 
@@ -46,6 +50,8 @@ _SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION
 _MAX_GREP_FILE_BYTES = 2_000_000
 _MAX_READ_FILE_BYTES = 20_000_000
 _MAX_WALK_FILES = 20_000
+_GREP_TIMEOUT_S = 30.0
+_GREP_WORKER = str(Path(__file__).with_name("_grep_worker.py"))
 
 
 class CodingEnvironment(ToolEnvironment):
@@ -180,7 +186,7 @@ class CodingEnvironment(ToolEnvironment):
             raise ToolError(f"offset must be >= 1 (lines are numbered from 1), got {offset}.")
         if limit is not None and limit < 1:
             raise ToolError(f"limit must be >= 1, got {limit}.")
-        return await trio.to_thread.run_sync(self._read_sync, p, path, offset, limit)
+        return await trio.to_thread.run_sync(self._read_sync, p, path, offset, limit, abandon_on_cancel=True)
 
     def _read_sync(self, p: Path, shown: str, offset: int, limit: int | None) -> str:
         if p.is_dir():
@@ -326,24 +332,17 @@ class CodingEnvironment(ToolEnvironment):
             more = f"\n[{len(entries) - _MAX_LIST} more entries not shown]" if len(entries) > _MAX_LIST else ""
             return "\n".join(names) + more
 
-        return await trio.to_thread.run_sync(_ls)
+        return await trio.to_thread.run_sync(_ls, abandon_on_cancel=True)
 
     def _walk_files(self, base: Path) -> list[Path]:
         """Files under `base` (skipping VCS/cache dirs and links that leave the root), at most
         `_MAX_WALK_FILES` of them; ToolError beyond that, asking for a narrower path."""
-        files: list[Path] = []
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-            for f in sorted(filenames):
-                full = Path(dirpath) / f
-                real = os.path.realpath(full)
-                if real == self.root or real.startswith(self.root + os.sep):
-                    files.append(full)
-                    if len(files) > _MAX_WALK_FILES:
-                        raise ToolError(
-                            f"More than {_MAX_WALK_FILES} files under {self._rel(base)!r}; search a narrower path."
-                        )
-        return files
+        try:
+            return walk_files(self.root, base, _SKIP_DIRS, _MAX_WALK_FILES)
+        except TooManyFiles:
+            raise ToolError(
+                f"More than {_MAX_WALK_FILES} files under {self._rel(base)!r}; search a narrower path."
+            ) from None
 
     @tool
     async def glob(self, pattern: str) -> str:
@@ -364,7 +363,7 @@ class CodingEnvironment(ToolEnvironment):
             more = f"\n[{len(hits) - _MAX_LIST} more matches not shown]" if len(hits) > _MAX_LIST else ""
             return "\n".join(hits[:_MAX_LIST]) + more
 
-        return await trio.to_thread.run_sync(_glob)
+        return await trio.to_thread.run_sync(_glob, abandon_on_cancel=True)
 
     @tool
     async def grep(self, pattern: str, path: str = ".", include: str | None = None, ignore_case: bool = False) -> str:
@@ -377,33 +376,46 @@ class CodingEnvironment(ToolEnvironment):
             ignore_case: Match case-insensitively.
         """
         try:
-            regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+            re.compile(pattern, re.IGNORECASE if ignore_case else 0)  # a clear error before any process starts
         except re.error as e:
             raise ToolError(f"Invalid regular expression {pattern!r}: {e}") from None
         p = self.resolve(path)
 
-        def _grep() -> str:
-            files = [p] if p.is_file() else self._walk_files(p)
-            hits: list[str] = []
-            for f in files:
-                if include and not fnmatch.fnmatch(f.name, include):
-                    continue
-                try:
-                    if f.stat().st_size > _MAX_GREP_FILE_BYTES:
-                        continue
-                    data = f.read_bytes()
-                except OSError:
-                    continue
-                if b"\x00" in data[:8192]:
-                    continue
-                for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-                    if regex.search(line):
-                        hits.append(f"{self._rel(f)}:{n}: {line[:300]}")
-                        if len(hits) > _MAX_LIST:
-                            return "\n".join(hits[:_MAX_LIST]) + f"\n[more than {_MAX_LIST} matches; narrow the search]"
-            return "\n".join(hits) if hits else f"No matches for {pattern!r}."
-
-        return await trio.to_thread.run_sync(_grep)
+        # In a process of its own, killed at the time limit or on cancellation: `re` holds the
+        # GIL for a whole match, so a backtracking pattern would otherwise freeze everything.
+        args = {
+            "root": self.root,
+            "base": str(p),
+            "pattern": pattern,
+            "ignore_case": ignore_case,
+            "include": include,
+            "max_hits": _MAX_LIST,
+            "max_file_bytes": _MAX_GREP_FILE_BYTES,
+            "max_files": _MAX_WALK_FILES,
+            "skip_dirs": sorted(_SKIP_DIRS),
+        }
+        r = await run_command(
+            [sys.executable, "-I", "-S", _GREP_WORKER, json.dumps(args)],
+            cwd=self.root,
+            timeout_s=_GREP_TIMEOUT_S,
+            max_output_bytes=_MAX_LIST * 2_000,
+        )
+        if r.timed_out:
+            raise ToolError(
+                f"grep stopped after {_GREP_TIMEOUT_S:g}s: narrow the path, or simplify the pattern "
+                "(nested repeats such as (a+)+ can take forever)."
+            )
+        try:
+            out = json.loads(r.output)
+        except ValueError:
+            raise ToolError(f"grep failed (exit code {r.exit_code}): {r.output[-500:]}") from None
+        if out.get("error") == "too_many_files":
+            raise ToolError(f"More than {_MAX_WALK_FILES} files under {self._rel(p)!r}; search a narrower path.")
+        hits = out["hits"]
+        if not hits:
+            return f"No matches for {pattern!r}."
+        more = f"\n[more than {_MAX_LIST} matches; narrow the search]" if out["more"] else ""
+        return "\n".join(hits) + more
 
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:
