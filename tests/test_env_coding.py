@@ -221,6 +221,25 @@ async def test_grep_reports_too_many_files_and_caps_matches(root: Path, monkeypa
     assert r.is_error and "More than 1 files" in r.content
 
 
+async def test_glob_semantics_and_no_catastrophic_patterns(root: Path) -> None:
+    from rollouts.environments.coding import _glob_match
+
+    (root / "src" / "deep" / "er").mkdir(parents=True)
+    (root / "src" / "deep" / "er" / "x.py").write_text("")
+    env = CodingEnvironment(root)
+    assert (await _call(env, "glob", pattern="src/*.py")).content == "src/app.py"
+    assert (await _call(env, "glob", pattern="src/**/x.py")).content == "src/deep/er/x.py"
+    assert (await _call(env, "glob", pattern="**/**/?pp.[p]y")).content == "src/app.py"
+    assert not _glob_match("*.txt", "a/notes.txt") and _glob_match("a/**/b", "a/b")
+    # One regex for the whole glob backtracks for ages on these (holding the GIL); this does not.
+    (root / ("a" * 60)).write_text("")
+    with trio.fail_after(5):
+        r = await _call(env, "glob", pattern="*a" * 15 + "b")
+        assert r.content.startswith("No files match")
+        r = await _call(env, "glob", pattern="**/" * 40 + "z")
+        assert r.content.startswith("No files match")
+
+
 # ---- bash: timeout, cancellation, output cap -----------------------------------------------------
 
 

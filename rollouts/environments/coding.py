@@ -14,6 +14,7 @@ captures the root and the settings, so clones made by the agent loop share the d
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -356,8 +357,7 @@ class CodingEnvironment(ToolEnvironment):
             raise ToolError(f"Pattern {pattern!r} must be relative to the working directory and not contain '..'.")
 
         def _glob() -> str:
-            regex = _glob_regex(pattern)
-            hits = [self._rel(f) for f in self._walk_files(Path(self.root)) if regex.match(self._rel(f))]
+            hits = [rel for f in self._walk_files(Path(self.root)) if _glob_match(pattern, rel := self._rel(f))]
             if not hits:
                 return f"No files match {pattern!r}."
             more = f"\n[{len(hits) - _MAX_LIST} more matches not shown]" if len(hits) > _MAX_LIST else ""
@@ -418,33 +418,31 @@ class CodingEnvironment(ToolEnvironment):
         return "\n".join(hits) + more
 
 
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    """A regex for a path glob: `**` spans directories, `*` and `?` stay within one."""
-    out = ""
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        if pattern.startswith("**/", i):
-            out += "(?:.*/)?"
-            i += 3
-        elif pattern.startswith("**", i):
-            out += ".*"
-            i += 2
-        elif c == "*":
-            out += "[^/]*"
-            i += 1
-        elif c == "?":
-            out += "[^/]"
-            i += 1
-        elif c == "[":
-            j = pattern.find("]", i + 1)
-            if j == -1:
-                out += re.escape(c)
-                i += 1
-            else:
-                out += "[" + pattern[i + 1 : j].replace("\\", "\\\\") + "]"
-                i = j + 1
+def _glob_match(pattern: str, path: str) -> bool:
+    """Whether a relative `path` matches a glob: a `**` segment spans any number of directories
+    (none included), `*`, `?` and `[...]` stay within one segment.
+
+    Matched segment by segment (fnmatch, which does not backtrack exponentially, within one),
+    with a table over (pattern segment, path segment): time is linear in their product, where a
+    translation of the whole glob into one regex (`*a*a*a...`) can take forever while holding
+    the GIL."""
+    pats: list[str] = []
+    for part in pattern.split("/"):
+        if part == "**" and pats and pats[-1] == "**":
+            continue  # **/** is **
+        pats.append(part.replace("**", "*") if part != "**" else part)
+    segs = path.split("/")
+    n_p, n_s = len(pats), len(segs)
+    # ok[j]: pats[i:] matches segs[j:], computed from i = n_p down to 0.
+    ok = [j == n_s for j in range(n_s + 1)]
+    for i in range(n_p - 1, -1, -1):
+        new = [False] * (n_s + 1)
+        if pats[i] == "**":
+            new[n_s] = ok[n_s]
+            for j in range(n_s - 1, -1, -1):
+                new[j] = ok[j] or new[j + 1]
         else:
-            out += re.escape(c)
-            i += 1
-    return re.compile(out + r"\Z")
+            for j in range(n_s):
+                new[j] = ok[j + 1] and fnmatch.fnmatchcase(segs[j], pats[i])
+        ok = new
+    return ok[0]
