@@ -143,6 +143,11 @@ async def test_write_creates_directories_and_edit_replaces_exactly(root: Path) -
     assert not r.is_error and (root / "pkg/deep/mod.py").read_text() == "a = 1\na = 1\nb = 3\n"
     r = await _call(env, "edit", path="pkg/deep/mod.py", old_text="a = 1", new_text="a = 0", replace_all=True)
     assert "2 occurrences" in r.content and (root / "pkg/deep/mod.py").read_text() == "a = 0\na = 0\nb = 3\n"
+    (root / "blob.bin").write_bytes(b"\xff\xfe\x00 a = 1")
+    r = await _call(env, "edit", path="blob.bin", old_text="a = 1", new_text="a = 2")
+    assert r.is_error and "not UTF-8 text" in r.content and (root / "blob.bin").read_bytes() == b"\xff\xfe\x00 a = 1"
+    r = await _call(env, "edit", path="missing.py", old_text="a", new_text="b")
+    assert r.is_error and "File not found" in r.content
 
 
 async def test_ls_glob_grep(root: Path) -> None:

@@ -267,7 +267,13 @@ class CodingEnvironment(ToolEnvironment):
         def _edit() -> int:
             if not p.is_file():
                 raise ToolError(f"File not found: {path!r}. Use ls or glob to find the right path.")
-            text = p.read_text(encoding="utf-8")
+            size = p.stat().st_size
+            if size > _MAX_READ_FILE_BYTES:
+                raise ToolError(f"{path!r} is {size} bytes, too large to edit (limit {_MAX_READ_FILE_BYTES}).")
+            try:
+                text = p.read_bytes().decode("utf-8")
+            except UnicodeDecodeError:
+                raise ToolError(f"{path!r} is not UTF-8 text; edit only changes text files.") from None
             count = text.count(old_text)
             if count == 0:
                 raise ToolError(
