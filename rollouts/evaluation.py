@@ -368,14 +368,17 @@ class _Rows:
         else:
             raise ConfigurationError(f"a dataset must be an iterable of dicts, got {type(dataset).__name__}")
 
-    async def next(self) -> Row | None:
+    async def next(self) -> Any:
+        """The next row (any object: it is checked by the caller), or `_END`."""
         if self._sync is not None:
-            return next(self._sync, None)
+            return next(self._sync, _END)
         try:
-            row: Row = await self._async.__anext__()
+            return await self._async.__anext__()
         except StopAsyncIteration:
-            return None
-        return row
+            return _END
+
+
+_END = object()  # no more rows (a None row is an error, not the end)
 
 
 def _dataset_len(dataset: Dataset, max_samples: int | None) -> int | None:
@@ -502,7 +505,7 @@ async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
             await slots.acquire_on_behalf_of(token)
             try:
                 row = await rows.next()
-                if row is None:
+                if row is _END:
                     slots.release_on_behalf_of(token)
                     return
                 if not isinstance(row, Mapping):

@@ -122,6 +122,8 @@ async def test_a_row_that_is_not_a_dict_is_a_clear_error() -> None:
     model = _echo_model()
     with pytest.raises(ConfigurationError, match="row 1 is a str"):
         await evaluate([{"q": 1}, "oops"], _config(model))  # type: ignore[list-item]
+    with pytest.raises(ConfigurationError, match="row 1 is a NoneType"):  # not a silent end of the data
+        await evaluate([{"q": 1}, None, {"q": 2}], _config(model))  # type: ignore[list-item]
 
 
 async def test_max_samples_takes_the_first_rows() -> None:
