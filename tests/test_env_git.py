@@ -265,10 +265,29 @@ async def test_evaluate_gives_each_sample_its_own_worktree_and_removes_them(repo
         show_progress=False,
     )
     report = await evaluate([{"n": i} for i in range(6)], config)
-    assert [s.status for s in report.samples] == ["completed"] * 6
+    assert [s.status for s in report.samples] == ["completed"] * 6, [s.error for s in report.samples]
     assert worktrees(repo) == [str(repo)]  # every sample's worktree was removed
     branches = git(repo, "branch", "--list", "rollouts/*", "--format=%(refname:short)").split()
     assert len(branches) == 6
     answers = sorted(git(repo, "show", f"{b}:answer.txt") for b in branches)
     assert answers == [str(i) for i in range(6)]
     assert all(git(repo, "log", "-1", "--format=%s", b).startswith("bash: echo") for b in branches)
+
+
+async def test_concurrent_creates_and_cleanups_in_one_repository(repo: Path, tmp_path: Path) -> None:
+    """Unlocked, concurrent `git worktree add`s in one repository fail now and then
+    ("failed to read .git/worktrees/.../commondir"); each round makes and removes 12 at once."""
+    for _ in range(3):
+        envs: list[GitWorktreeEnvironment] = []
+
+        async def make(into: list[GitWorktreeEnvironment]) -> None:
+            into.append(await GitWorktreeEnvironment.create(repo, worktrees_dir=tmp_path / "wt"))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(12):
+                nursery.start_soon(make, envs)
+        assert len({e.root for e in envs}) == 12 and len(worktrees(repo)) == 13
+        async with trio.open_nursery() as nursery:
+            for e in envs:
+                nursery.start_soon(e.cleanup)
+        assert worktrees(repo) == [str(repo)]

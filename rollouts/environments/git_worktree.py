@@ -65,6 +65,25 @@ async def _git(cwd: str, *args: str, check: bool = True) -> subprocess.Completed
     return r
 
 
+_REPO_LOCKS: trio.lowlevel.RunVar[dict[str, trio.Lock]] = trio.lowlevel.RunVar("rollouts_git_repo_locks")
+
+
+def _repo_lock(repo: str) -> trio.Lock:
+    """One lock per repository (per trio run) around what changes its shared worktree and branch
+    metadata: concurrent `git worktree add`s in one repository fail ("failed to read
+    .git/worktrees/<other>/commondir"), and a prune could drop a worktree being added. Commits,
+    each in its own worktree on its own branch, need no lock. Processes do not share it."""
+    try:
+        locks = _REPO_LOCKS.get()
+    except LookupError:
+        locks = {}
+        _REPO_LOCKS.set(locks)
+    lock = locks.get(repo)
+    if lock is None:
+        lock = locks[repo] = trio.Lock()
+    return lock
+
+
 def _is_dir(path: str) -> bool:
     """A quick stat (kept out of async bodies on purpose: it never blocks for long)."""
     return os.path.isdir(path)
@@ -153,7 +172,8 @@ class GitWorktreeEnvironment(CodingEnvironment):
             os.makedirs(worktrees_dir, exist_ok=True)
         path = tempfile.mkdtemp(prefix="rollouts-wt-", dir=worktrees_dir)
         try:
-            await _git(top, "worktree", "add", "--quiet", "-b", branch_name, path, base_commit)
+            async with _repo_lock(top):
+                await _git(top, "worktree", "add", "--quiet", "-b", branch_name, path, base_commit)
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
@@ -174,20 +194,25 @@ class GitWorktreeEnvironment(CodingEnvironment):
             return
         new = f"rollouts/session-{session_id}"
         if new != self.branch:
-            await _git(self.repo, "branch", "-m", self.branch, new)
+            async with _repo_lock(self.repo):
+                await _git(self.repo, "branch", "-m", self.branch, new)
             self.branch = new
 
     async def cleanup(self, *, delete_branch: bool = False) -> None:
         """Remove the worktree (idempotent). The branch, and so the commit history, is kept
         unless `delete_branch`."""
         with trio.CancelScope(shield=True):
-            if _is_dir(self.root):
-                r = await _git(self.repo, "worktree", "remove", "--force", self.root, check=False)
-                if r.returncode != 0:
-                    shutil.rmtree(self.root, ignore_errors=True)
-            await _git(self.repo, "worktree", "prune", check=False)
-            if delete_branch:
-                await _git(self.repo, "branch", "-D", self.branch, check=False)
+            async with _repo_lock(self.repo):
+                await self._remove_worktree(delete_branch)
+
+    async def _remove_worktree(self, delete_branch: bool) -> None:
+        if _is_dir(self.root):
+            r = await _git(self.repo, "worktree", "remove", "--force", self.root, check=False)
+            if r.returncode != 0:
+                shutil.rmtree(self.root, ignore_errors=True)
+        await _git(self.repo, "worktree", "prune", check=False)
+        if delete_branch:
+            await _git(self.repo, "branch", "-D", self.branch, check=False)
 
     async def aclose(self) -> None:
         """Same as `cleanup()`."""
@@ -279,6 +304,7 @@ class GitWorktreeEnvironment(CodingEnvironment):
         root = data.pop("root")
         if not _is_dir(root):
             # Resuming after the worktree was removed: check the branch out again in the same place.
-            await _git(data["repo"], "worktree", "prune", check=False)
-            await _git(data["repo"], "worktree", "add", "--quiet", root, data["branch"])
+            async with _repo_lock(data["repo"]):
+                await _git(data["repo"], "worktree", "prune", check=False)
+                await _git(data["repo"], "worktree", "add", "--quiet", root, data["branch"])
         return cls(root, **data)
