@@ -8,7 +8,8 @@ OpenAI provider (`openai-compatible`) through both transports — the official S
 scoring (exact match on an <answer> tag) and writing every sample to samples.jsonl.
 
 Each transport is timed `--repeats` times (best kept), then run once more under cProfile to show
-where the client CPU goes, grouped by package (SDK, HTTP stack, trio, our loop, scoring, writing).
+where the client CPU goes, grouped by package (SDK, HTTP stack, trio, our loop, scoring, writing);
+time in the standard library and C builtins (json, typing, re, ...) is charged to its callers.
 
 Run: python benchmarks/evaluate.py [--samples 1000] [--concurrency 100] [--latency 0.05]
 Last line: JSON with wall_s (best transport), wall_s_sdk, ideal_s, samples_per_s,
@@ -196,18 +197,53 @@ _GROUPS = (
     ("rollouts agent loop", ("rollouts/agents", "rollouts/dtypes", "rollouts/environments", "rollouts/run_config")),
     ("rollouts evaluate (loop, summary)", ("rollouts/evaluation", "rollouts/eval_summary", "rollouts/eval_progress")),
     ("scoring", ("rollouts/scorers", "rollouts/scoring")),
-    ("writing results (eval_io, json)", ("rollouts/eval_io", "/json/")),
-    ("ssl/socket/selectors", ("/ssl.py", "/socket.py", "/selectors.py")),
+    ("writing results (eval_io)", ("rollouts/eval_io",)),
 )
+_SYSCALLS = "system calls (socket send/recv, epoll)"
+_SYSCALL_NAMES = ("'send'", "'recv", "'sendall'", "'poll'", "'epoll", "'write' of '_io", "'flush' of '_io")
+_STDLIB = "other python"
 
 
-def _group_of(filename: str) -> str:
-    for name, needles in _GROUPS:
+def _group_of(func: tuple[str, int, str]) -> str:
+    filename, _line, name = func
+    for group, needles in _GROUPS:
         if any(n in filename for n in needles):
-            return name
-    if filename.startswith("~") or filename == "":
-        return "builtins (C: json encode, socket send/recv, ...)"
-    return "other python"
+            return group
+    if filename == "~" and any(s in name for s in _SYSCALL_NAMES):
+        return _SYSCALLS
+    return _STDLIB  # the standard library (json, typing, contextlib, ...) and C builtins
+
+
+def _attribute(stats: dict[Any, Any]) -> dict[str, float]:
+    """Self time per group, where the standard library and C builtins (json, typing, re,
+    isinstance, ...) are charged to whoever called them (split by the caller's share, up the
+    call chain until a named group), so "json" spent parsing SSE is counted as transport and
+    json spent writing samples.jsonl as writing. What has no named caller stays "other python"."""
+    memo: dict[Any, dict[str, float]] = {}
+
+    def owners(func: Any, depth: int = 0) -> dict[str, float]:
+        if func in memo:
+            return memo[func]
+        group = _group_of(func)
+        if group != _STDLIB or depth > 8 or func not in stats:
+            return {group: 1.0}
+        memo[func] = {group: 1.0}  # a cycle through the stdlib stays where it is
+        callers = stats[func][4]
+        total = sum(v[2] for v in callers.values())
+        if total <= 0:
+            return {group: 1.0}
+        out: dict[str, float] = {}
+        for caller, v in callers.items():
+            for g, share in owners(caller, depth + 1).items():
+                out[g] = out.get(g, 0.0) + share * v[2] / total
+        memo[func] = out
+        return out
+
+    groups: dict[str, float] = {}
+    for func, (_cc, _nc, tottime, _ct, _callers) in stats.items():
+        for g, share in owners(func).items():
+            groups[g] = groups.get(g, 0.0) + tottime * share
+    return groups
 
 
 async def _profiled_run(base_url: str, transport: str, n: int, concurrency: int) -> tuple[dict[str, float], list[str]]:
@@ -218,12 +254,8 @@ async def _profiled_run(base_url: str, transport: str, n: int, concurrency: int)
         await evaluate(_rows(n), config)
         prof.disable()
     st = pstats.Stats(prof)
-    groups: dict[str, float] = {}
-    total = 0.0
-    for (filename, _line, _fn), (_cc, _nc, tottime, _ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
-        g = _group_of(filename)
-        groups[g] = groups.get(g, 0.0) + tottime
-        total += tottime
+    groups = _attribute(st.stats)  # type: ignore[attr-defined]
+    total = sum(groups.values())
     shares = {g: t / total for g, t in sorted(groups.items(), key=lambda kv: -kv[1])}
     top = []
     entries = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:12]  # type: ignore[attr-defined]
@@ -283,11 +315,13 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
             f"reference, bare httpx2 streaming the same requests (no parsing, no loop): "
             f"wall {refs['bare_httpx2_wall_s']:.3f} s, CPU {refs['bare_httpx2_cpu_ms_per_request']:.2f} ms/request"
         )
+        breakdown: dict[str, dict[str, float]] = {}
         if not args.no_profile:
             for transport in ("http", "sdk"):
                 shares, top = await _profiled_run(server.base_url, transport, n, conc)
                 cpu = results[transport]["cpu_ms_per_sample"]
                 print(f"\nwhere the client CPU goes ({transport}; cProfile self time, scaled to {cpu:.2f} ms/sample):")
+                breakdown[transport] = {g: round(share * cpu, 3) for g, share in shares.items()}
                 for g, share in shares.items():
                     if share >= 0.005:
                         print(f"  {share * 100:5.1f}%  {share * cpu:6.3f} ms  {g}")
@@ -316,6 +350,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "server_cpu_ms_per_request": server_stats.get("cpu_ms_per_request"),
         **refs,
+        "cpu_ms_per_sample_by_part": breakdown,  # cProfile shares scaled to the measured CPU
     }
 
 

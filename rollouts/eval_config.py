@@ -130,6 +130,7 @@ class EvalConfig:
 
     @property
     def effective_max_turns(self) -> int:
+        """`max_turns`, else `run_config.max_turns`, else 10."""
         if self.max_turns is not None:
             return self.max_turns
         return self.run_config.max_turns if self.run_config is not None else _DEFAULT_MAX_TURNS

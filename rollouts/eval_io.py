@@ -31,6 +31,7 @@ _SECRET_KEY = re.compile(
     re.I,
 )
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
+_URL_QUERY_PARAM = re.compile(r"(?P<sep>[?&;])(?P<name>[^=&#;\s]+)=(?P<value>[^&#;\s]*)")
 REDACTED = "[redacted]"
 
 
@@ -81,7 +82,8 @@ def _is_secret_key(key: str) -> bool:
 
 def redact_secrets(value: Any) -> Any:
     """A copy of `value` with secret-looking mapping entries (api_key, token, authorization, ...)
-    replaced by '[redacted]' and credentials removed from URLs. Recurses into dicts and lists."""
+    replaced by '[redacted]' and credentials removed from URLs (user:password@, and query
+    parameters such as ?key=...). Recurses into dicts and lists."""
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for k, v in value.items():
@@ -93,9 +95,25 @@ def redact_secrets(value: Any) -> Any:
         return out
     if isinstance(value, list | tuple):
         return [redact_secrets(v) for v in value]
-    if isinstance(value, str) and "@" in value and "://" in value:
-        return _URL_USERINFO.sub(r"\g<scheme>" + REDACTED + "@", value)
+    if isinstance(value, str) and "://" in value:
+        return _redact_url(value)
     return value
+
+
+def _redact_url(text: str) -> str:
+    """`text` with URL credentials blanked: `user:pass@` and secret-looking query parameters
+    (`?key=...`, `&access_token=...`)."""
+    if "@" in text:
+        text = _URL_USERINFO.sub(r"\g<scheme>" + REDACTED + "@", text)
+    if "?" in text:
+
+        def param(m: re.Match[str]) -> str:
+            if _is_secret_key(m["name"]) and m["value"]:
+                return f"{m['sep']}{m['name']}={REDACTED}"
+            return m.group(0)
+
+        text = _URL_QUERY_PARAM.sub(param, text)
+    return text
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,5 +226,6 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
 
 
 def read_json(path: str | Path) -> Any:
+    """The JSON value in the file at `path`."""
     with Path(path).open(encoding="utf-8") as f:
         return json.load(f)

@@ -2,16 +2,51 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from rollouts.eval_io import REPORT_FILE, SAMPLES_FILE, read_json, read_sample_log
-from rollouts.eval_summary import flat_summary, format_summary
+from rollouts.eval_summary import flat_summary, format_summary, summarize
 from rollouts.scoring import Sample
 
 ReportStatus = Literal["completed", "cancelled", "failed"]
+
+
+class _ComputedOnFirstRead:
+    """A dataclass field (data descriptor) whose value may be given as a zero-argument function,
+    called on first read; left out, `default(report)` is used. evaluate() relies on it so a
+    caller that never reads `summary` or `config` (GEPA evaluates thousands of 3-row
+    minibatches) does not pay for them; report.json, which needs both, reads them at once."""
+
+    def __init__(self, default: Callable[[EvalReport], Mapping[str, Any]]) -> None:
+        self._default = default
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> None: ...
+
+    @overload
+    def __get__(self, obj: EvalReport, owner: type | None = None) -> Mapping[str, Any]: ...
+
+    def __get__(self, obj: EvalReport | None, owner: type | None = None) -> Mapping[str, Any] | None:
+        if obj is None:
+            return None  # the dataclass default: "not given"
+        value = obj.__dict__[self._name]
+        if value is None:
+            value = self._default(obj)
+        elif callable(value):
+            value = value()
+        else:
+            return value
+        obj.__dict__[self._name] = value
+        return value
+
+    def __set__(self, obj: EvalReport, value: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None) -> None:
+        obj.__dict__[self._name] = value
 
 
 @dataclass(frozen=True)
@@ -20,12 +55,15 @@ class EvalReport:
 
     `status` is "completed", "cancelled" (Ctrl-C / cancellation: samples in flight are missing)
     or "failed" (the evaluation itself raised, e.g. a bad dataset line). `reused` counts samples
-    taken from an earlier run in the same output_dir."""
+    taken from an earlier run in the same output_dir.
+
+    `summary` defaults to `summarize(samples)` and `config` to `{}`; either may also be given as
+    a zero-argument function, called the first time it is read."""
 
     eval_name: str
     samples: tuple[Sample, ...]
-    summary: Mapping[str, Any]
-    config: Mapping[str, Any]
+    summary: _ComputedOnFirstRead = _ComputedOnFirstRead(lambda report: summarize(report.samples))
+    config: _ComputedOnFirstRead = _ComputedOnFirstRead(lambda report: {})
     status: ReportStatus = "completed"
     started_at: str = ""
     finished_at: str = ""
@@ -45,6 +83,7 @@ class EvalReport:
         return tuple(s.reward for s in self.samples)
 
     def get(self, sample_id: str) -> Sample | None:
+        """The sample with this id, or None."""
         for s in self.samples:
             if s.id == sample_id:
                 return s
@@ -55,6 +94,7 @@ class EvalReport:
         return f"{self.eval_name} [{self.status}] in {self.duration_s:.2f}s\n{format_summary(self.summary)}"
 
     def to_dict(self, include_samples: bool = False) -> dict[str, Any]:
+        """What report.json holds (sample ids only, unless `include_samples`)."""
         d: dict[str, Any] = {
             "eval_name": self.eval_name,
             "status": self.status,
@@ -74,6 +114,7 @@ class EvalReport:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], samples: Iterable[Sample] = ()) -> EvalReport:
+        """A report from `to_dict()` output, with `samples` (else the dict's own `samples`)."""
         given = tuple(samples) or tuple(Sample.from_dict(s) for s in data.get("samples", ()))
         return cls(
             eval_name=data["eval_name"],

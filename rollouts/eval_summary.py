@@ -7,6 +7,8 @@
 
 Statistics use the population standard deviation. Rewards and metrics are taken from samples
 that were scored; `reward_all` also counts every unscored sample (failed, provider error) as 0.
+`tokens` and `cost_usd` are the agents' own; what score functions spent on model calls (an LLM
+judge's `judge_usage` metadata) is in `scoring`, and `total_cost_usd` is both.
 """
 
 from __future__ import annotations
@@ -49,6 +51,17 @@ def sample_turns(sample: Sample) -> int:
     return sum(1 for m in sample.trajectory.messages if m.role == "assistant")
 
 
+def scoring_usage(sample: Sample) -> Usage:
+    """Tokens and cost the score function spent on this sample (metrics' `judge_usage`)."""
+    usage = Usage()
+    if sample.score is not None:
+        for m in sample.score.metrics:
+            recorded = m.metadata.get("judge_usage")
+            if isinstance(recorded, Mapping):
+                usage = usage + Usage.from_dict(recorded)
+    return usage
+
+
 def summarize(samples: Iterable[Sample]) -> dict[str, Any]:
     """Aggregate statistics of `samples` (a JSON-safe dict). See the module docstring."""
     items = list(samples)
@@ -60,14 +73,19 @@ def summarize(samples: Iterable[Sample]) -> dict[str, Any]:
     turns: list[float] = []
     durations: list[float] = []
     usage = Usage()
+    scoring = Usage()
     for s in items:
         counts[s.status] = counts.get(s.status, 0) + 1
         if s.stop_reason:
             stop_reasons[s.stop_reason] = stop_reasons.get(s.stop_reason, 0) + 1
         if s.score is not None:
             rewards.append(s.score.reward)
+            judged = False
             for m in s.score.metrics:
                 metric_values.setdefault(m.name, []).append(float(m.value))
+                judged = judged or "judge_usage" in m.metadata
+            if judged:
+                scoring = scoring + scoring_usage(s)
         reward_all.append(s.score.reward if s.score is not None else 0.0)
         usage = usage + sample_usage(s)
         turns.append(float(sample_turns(s)))
@@ -88,6 +106,13 @@ def summarize(samples: Iterable[Sample]) -> dict[str, Any]:
             "total": usage.total_tokens,
         },
         "cost_usd": usage.cost_usd,
+        "scoring": {
+            "input_tokens": scoring.input_tokens,
+            "output_tokens": scoring.output_tokens,
+            "total_tokens": scoring.total_tokens,
+            "cost_usd": scoring.cost_usd,
+        },
+        "total_cost_usd": usage.cost_usd + scoring.cost_usd,
         "turns": {**stats(turns), "total": int(sum(turns))},
         "duration_s": stats(durations),
         "stop_reasons": dict(sorted(stop_reasons.items())),
@@ -156,6 +181,9 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             )
     t = summary["tokens"]
     lines.append(f"tokens: {t['total']} (in {t['input']}, out {t['output']})  cost ${summary['cost_usd']:.4f}")
+    scoring = summary.get("scoring") or {}
+    if scoring.get("total_tokens"):
+        lines.append(f"scoring (judge): tokens {scoring['total_tokens']}  cost ${scoring['cost_usd']:.4f}")
     if summary["turns"]["mean"] is not None:
         lines.append(f"turns per sample: mean {summary['turns']['mean']:.2f}, max {summary['turns']['max']:.0f}")
     return "\n".join(lines)

@@ -66,7 +66,6 @@ from rollouts.eval_config import (
 from rollouts.eval_io import REPORT_FILE, SAMPLES_FILE, SampleLog, iter_sample_log, read_json, write_json_atomic
 from rollouts.eval_progress import ProgressBar
 from rollouts.eval_report import EvalReport, ReportStatus, load_report
-from rollouts.eval_summary import summarize
 from rollouts.events import StreamEvent
 from rollouts.providers._clients import client_scope
 from rollouts.run_config import RunConfig
@@ -369,14 +368,17 @@ class _Rows:
         else:
             raise ConfigurationError(f"a dataset must be an iterable of dicts, got {type(dataset).__name__}")
 
-    async def next(self) -> Row | None:
+    async def next(self) -> Any:
+        """The next row (any object: it is checked by the caller), or `_END`."""
         if self._sync is not None:
-            return next(self._sync, None)
+            return next(self._sync, _END)
         try:
-            row: Row = await self._async.__anext__()
+            return await self._async.__anext__()
         except StopAsyncIteration:
-            return None
-        return row
+            return _END
+
+
+_END = object()  # no more rows (a None row is an error, not the end)
 
 
 def _dataset_len(dataset: Dataset, max_samples: int | None) -> int | None:
@@ -503,7 +505,7 @@ async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
             await slots.acquire_on_behalf_of(token)
             try:
                 row = await rows.next()
-                if row is None:
+                if row is _END:
                     slots.release_on_behalf_of(token)
                     return
                 if not isinstance(row, Mapping):
@@ -534,6 +536,14 @@ async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
             reused += 1
             progress.update(done, reused=True)
 
+    async def run_samples() -> None:
+        async with trio.open_nursery() as nursery:
+            try:
+                await feed(nursery)
+            except Exception as e:  # the dataset itself is broken: stop everything
+                fatal.append(e)
+                nursery.cancel_scope.cancel()
+
     @trio.lowlevel.enable_ki_protection
     def finish(status: ReportStatus, error: str | None) -> EvalReport:
         # Synchronous (no checkpoint, so cancellation cannot interrupt it) and protected from a
@@ -545,8 +555,7 @@ async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
         report = EvalReport(
             eval_name=config.eval_name,
             samples=samples,
-            summary=summarize(samples),
-            config=config.to_dict(),
+            config=config.to_dict,  # it and the summary are computed when first read (or written)
             status=status,
             started_at=started_at,
             finished_at=now_iso(),
@@ -562,16 +571,14 @@ async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
     status: ReportStatus = "failed"
     error: str | None = None
     try:
-        async with client_scope(), trio.open_nursery() as outer:
+        async with client_scope():
             if progress.enabled:
-                outer.start_soon(_redraw_every_second, progress)
-            async with trio.open_nursery() as nursery:
-                try:
-                    await feed(nursery)
-                except Exception as e:  # the dataset itself is broken: stop everything
-                    fatal.append(e)
-                    nursery.cancel_scope.cancel()
-            outer.cancel_scope.cancel()
+                async with trio.open_nursery() as outer:
+                    outer.start_soon(_redraw_every_second, progress)
+                    await run_samples()
+                    outer.cancel_scope.cancel()
+            else:
+                await run_samples()
         if fatal:
             raise fatal[0]
         status = "completed"

@@ -58,6 +58,36 @@ def is_running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def session_members(sid: int) -> list[int]:
+    """Every live (non-zombie) process in session `sid`, from a full listing of /proc (what
+    `ps -e -o pid,sid` shows). A bash command runs in its own session whose id is the shell's
+    pid, so this finds every descendant that did not leave it, recorded or not."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        state, session = fields[0], int(fields[3])
+        if session == sid and state not in ("Z", "X"):
+            members.append(int(entry))
+    return members
+
+
+async def wait_session_empty(sid: int, attempts: int = 200) -> list[int]:
+    """Poll (bounded) until session `sid` has no live process; the ones still there at the end."""
+    left = session_members(sid)
+    for _ in range(attempts):
+        if not left:
+            break
+        await trio.sleep(0.02)
+        left = session_members(sid)
+    return left
+
+
 async def wait_dead(pid: int, attempts: int = 200) -> bool:
     """Poll (bounded) until `pid` is gone; SIGKILL delivery is asynchronous."""
     for _ in range(attempts):

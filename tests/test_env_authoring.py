@@ -259,3 +259,39 @@ async def test_example_environment_runs_round_trips_and_passes_the_check() -> No
     second = await run(restored, [tool_call("finish_item", number=2), tool_call("finish_item", number=1)], state=mid)
     assert second[-1].stop == StopReason.TASK_COMPLETED
     assert [m.text for m in tool_messages(second[-1])][-2:] == ["Item 2 done.", "All items done."]
+
+
+def _doc_blocks() -> list[str]:
+    import re
+
+    return re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "environments.md").read_text(), re.S)
+
+
+def test_docs_run_with_a_model_snippet_runs_as_written(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The guide's "run it with a model" block, with its Endpoint answered by a scripted model."""
+    import rollouts
+    from rollouts import ScriptedModel
+
+    example = _load_example()
+    block = next(b for b in _doc_blocks() if "trio.run(main)" in b)
+    model = ScriptedModel([tool_call("add_item", title="one"), tool_call("finish_item", number=1)])
+    asked: list[dict[str, Any]] = []
+
+    def endpoint(**kw: Any) -> Any:
+        asked.append(kw)
+        return model.endpoint
+
+    monkeypatch.setattr(rollouts, "Endpoint", endpoint)
+    exec(compile(block, "docs/environments.md", "exec"), {"TodoEnvironment": example.TodoEnvironment})
+    assert asked == [{"provider": "anthropic", "model": "claude-sonnet-4-5"}]
+    assert capsys.readouterr().out.strip() == "[{'title': 'one', 'done': True}]"
+
+
+async def test_docs_check_environment_snippet_runs_as_written() -> None:
+    example = _load_example()
+    block = next(b for b in _doc_blocks() if "check_environment" in b)
+    namespace: dict[str, Any] = {"TodoEnvironment": example.TodoEnvironment}
+    exec(compile(block, "docs/environments.md", "exec"), namespace)
+    await namespace["test_todo"]()

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
 import pytest
+import trio
 from _env_helpers import run, tool_messages
 
 from rollouts import RunConfig, ToolCall
@@ -72,6 +73,8 @@ def site() -> Iterator[str]:
         "/data.json": (200, "application/json", b'{"name": "rollouts", "tags": ["a", "b"]}', {}),
         "/plain.txt": (200, "text/plain; charset=utf-8", "caf\u00e9 plain text\n".encode(), {}),
         "/image.png": (200, "image/png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 100, {}),
+        "/latin1.txt": (200, "text/plain; charset=iso-8859-1", "caf\u00e9".encode("latin-1"), {}),
+        "/bogus.txt": (200, "text/plain; charset=no-such-charset", b"plain bytes", {}),
         "/go-a": (302, "text/plain", b"", {"Location": "/a"}),
         "/to-localhost": (302, "text/plain", b"", {"Location": base.replace("127.0.0.1", "localhost") + "/a"}),
         "/big": (200, html, b"<html><body><p>" + b"lorem ipsum " * 400_000 + b"</p></body></html>", {}),
@@ -153,6 +156,10 @@ async def test_content_types(site: str) -> None:
     assert not r.is_error and '"name": "rollouts"' in r.content and '  "tags": [' in r.content
     r = await _call(env, "fetch", url=site + "/plain.txt")
     assert not r.is_error and "caf\u00e9 plain text" in r.content
+    r = await _call(env, "fetch", url=site + "/latin1.txt")
+    assert not r.is_error and "caf\u00e9" in r.content
+    r = await _call(env, "fetch", url=site + "/bogus.txt")
+    assert not r.is_error and "plain bytes" in r.content
     r = await _call(env, "fetch", url=site + "/image.png")
     assert r.is_error and "'image/png'" in r.content and "text/html, text/plain and JSON" in r.content
     r = await _call(env, "fetch", url=site + "/missing")
@@ -253,3 +260,27 @@ def test_html_without_closing_head_tag_keeps_its_body() -> None:
     assert page.title == "T"
     assert page.text == "Hello there [1]\nnext\n\n| a | b\n[image: pic]js"
     assert [(link.text, link.url) for link in page.links] == [("there", "http://h/x")]
+
+
+def test_malformed_html_parses_in_linear_time() -> None:
+    """html.parser alone is quadratic on unclosed tags ('<a ' * 20000 took ~30 s); defused, the
+    worst inputs stay fast and their text is kept."""
+    import time
+
+    from rollouts.environments._html import html_to_page
+
+    for html in ("<a " * 20_000, "<" * 200_000, "<!--" * 50_000, "<p>" + "x<y " * 50_000):
+        t0 = time.perf_counter()
+        page = html_to_page(html, "http://h/")
+        assert time.perf_counter() - t0 < 2.0, html[:10]
+        assert page.text == html.replace("<!--", "").removeprefix("<p>").strip()
+    page = html_to_page("<p>a < b, c<d</p><!-- hidden <x> --><a title='q>r' href=/z>link</a>", "http://h/")
+    assert page.text == "a < b, c<d\nlink [1]" and page.links[0].url == "http://h/z"
+
+
+async def test_a_hostile_page_is_fetched_and_read_quickly(site: str) -> None:
+    _Handler.routes["/hostile"] = (200, "text/html", b"<html><body>" + b"<a " * 200_000, {})
+    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"])
+    with trio.fail_after(10):
+        r = await _call(env, "fetch", url=site + "/hostile")
+    assert not r.is_error and r.content.count("<a") > 100

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from _env_helpers import calls, is_running, run, tool_messages, wait_dead
+from _env_helpers import calls, is_running, run, session_members, tool_messages, wait_dead, wait_session_empty
 
 from rollouts import AgentState, RunConfig, StopReason, ToolCall
 from rollouts.environments import CodingEnvironment, check_environment
@@ -114,6 +114,22 @@ async def test_read_line_ranges_and_size_cap(root: Path) -> None:
     assert r.is_error and "binary" in r.content
 
 
+async def test_read_refuses_files_over_the_size_limit_and_cuts_huge_lines(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rollouts.environments.coding as coding
+
+    env = CodingEnvironment(root, max_read_chars=100)
+    (root / "wide.txt").write_text("x" * 1000 + "\nshort\n")
+    r = await _call(env, "read", path="wide.txt")
+    first = r.content.splitlines()[0]
+    assert first.endswith(" [line truncated]") and len(first) < 130
+    assert "Use offset=2" in r.content
+    monkeypatch.setattr(coding, "_MAX_READ_FILE_BYTES", 500)
+    r = await _call(env, "read", path="wide.txt")
+    assert r.is_error and "too large to read whole" in r.content and "grep" in r.content
+
+
 async def test_write_creates_directories_and_edit_replaces_exactly(root: Path) -> None:
     env = CodingEnvironment(root)
     r = await _call(env, "write", path="pkg/deep/mod.py", content="a = 1\na = 1\nb = 2\n")
@@ -127,6 +143,11 @@ async def test_write_creates_directories_and_edit_replaces_exactly(root: Path) -
     assert not r.is_error and (root / "pkg/deep/mod.py").read_text() == "a = 1\na = 1\nb = 3\n"
     r = await _call(env, "edit", path="pkg/deep/mod.py", old_text="a = 1", new_text="a = 0", replace_all=True)
     assert "2 occurrences" in r.content and (root / "pkg/deep/mod.py").read_text() == "a = 0\na = 0\nb = 3\n"
+    (root / "blob.bin").write_bytes(b"\xff\xfe\x00 a = 1")
+    r = await _call(env, "edit", path="blob.bin", old_text="a = 1", new_text="a = 2")
+    assert r.is_error and "not UTF-8 text" in r.content and (root / "blob.bin").read_bytes() == b"\xff\xfe\x00 a = 1"
+    r = await _call(env, "edit", path="missing.py", old_text="a", new_text="b")
+    assert r.is_error and "File not found" in r.content
 
 
 async def test_ls_glob_grep(root: Path) -> None:
@@ -143,17 +164,108 @@ async def test_ls_glob_grep(root: Path) -> None:
     assert (await _call(env, "grep", pattern="(")).is_error
 
 
+async def test_a_backtracking_grep_neither_freezes_the_loop_nor_outlives_its_limit(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`re` holds the GIL for a whole match: (a+)+$ on this line runs for minutes, which in a
+    thread would freeze the event loop. In its own process it is killed at the limit or on
+    cancellation, and the loop keeps running meanwhile."""
+    import rollouts.environments.coding as coding
+
+    env = CodingEnvironment(root)
+    (root / "evil.txt").write_text("a" * 40 + "!\n")
+    ticks = 0
+
+    async def _tick() -> None:
+        nonlocal ticks
+        while True:
+            await trio.sleep(0.05)
+            ticks += 1
+
+    monkeypatch.setattr(coding, "_GREP_TIMEOUT_S", 1.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_tick)
+        t0 = trio.current_time()
+        r = await _call(env, "grep", pattern="(a+)+$", path="evil.txt")
+        elapsed = trio.current_time() - t0
+        nursery.cancel_scope.cancel()
+    assert r.is_error and "grep stopped after 1s" in r.content and "(a+)+" in r.content
+    assert elapsed < 3.0 and ticks >= 8, (elapsed, ticks)
+
+    monkeypatch.setattr(coding, "_GREP_TIMEOUT_S", 300.0)
+    t0 = trio.current_time()
+    with trio.move_on_after(0.5) as scope:
+        await _call(env, "grep", pattern="(a+)+$", path="evil.txt")
+    assert scope.cancelled_caught and trio.current_time() - t0 < 2.0
+    assert _grep_workers(root) == [], "the grep process outlived the cancellation"
+
+
+def _grep_workers(root: Path) -> list[int]:
+    """Pids of running grep worker processes searching under `root` (from a full /proc listing)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+                    if b"_grep_worker.py" in cmdline and str(root).encode() in cmdline and is_running(int(entry)):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+async def test_grep_reports_too_many_files_and_caps_matches(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rollouts.environments.coding as coding
+
+    monkeypatch.setattr(coding, "_MAX_LIST", 5)
+    r = await _call(CodingEnvironment(root), "grep", pattern="line", path="notes.txt")
+    assert r.content.count("notes.txt:") == 5 and "more than 5 matches" in r.content
+    monkeypatch.setattr(coding, "_MAX_WALK_FILES", 1)
+    r = await _call(CodingEnvironment(root), "grep", pattern="x")
+    assert r.is_error and "More than 1 files" in r.content
+
+
+async def test_glob_semantics_and_no_catastrophic_patterns(root: Path) -> None:
+    from rollouts.environments.coding import _glob_match
+
+    (root / "src" / "deep" / "er").mkdir(parents=True)
+    (root / "src" / "deep" / "er" / "x.py").write_text("")
+    env = CodingEnvironment(root)
+    assert (await _call(env, "glob", pattern="src/*.py")).content == "src/app.py"
+    assert (await _call(env, "glob", pattern="src/**/x.py")).content == "src/deep/er/x.py"
+    assert (await _call(env, "glob", pattern="**/**/?pp.[p]y")).content == "src/app.py"
+    assert not _glob_match("*.txt", "a/notes.txt") and _glob_match("a/**/b", "a/b")
+    # One regex for the whole glob backtracks for ages on these (holding the GIL); this does not.
+    (root / ("a" * 60)).write_text("")
+    with trio.fail_after(5):
+        r = await _call(env, "glob", pattern="*a" * 15 + "b")
+        assert r.content.startswith("No files match")
+        r = await _call(env, "glob", pattern="**/" * 40 + "z")
+        assert r.content.startswith("No files match")
+
+
 # ---- bash: timeout, cancellation, output cap -----------------------------------------------------
+
+
+# A process tree: a background child, a double-forked grandchild re-parented to init (still in
+# the command's session) and a foreground child; all of them write their pids.
+_TREE = "sleep 300 & echo $! >> pids; (sleep 300 & echo $! >> pids) ; bash -c 'echo $$ >> pids; sleep 300' & "
 
 
 async def test_bash_timeout_kills_the_whole_process_group(root: Path) -> None:
     env = CodingEnvironment(root, bash_timeout=2)
-    r = await _call(env, "bash", command="sleep 300 & echo $! > child.pid; sleep 300")
-    assert r.is_error and "Timed out after 2s" in r.content
+    t0 = trio.current_time()
+    r = await _call(env, "bash", command=_TREE + "echo $$ >> pids; echo started; sleep 300")
+    elapsed = trio.current_time() - t0
+    assert r.is_error and "Timed out after 2s" in r.content and "started" in r.content
+    assert 2 <= elapsed < 3.5, f"killed after {elapsed:.2f}s, not at its 2s timeout"
     assert r.details is not None and r.details["timed_out"] is True
-    child = int((root / "child.pid").read_text())
-    assert await wait_dead(r.details["pid"]), "the shell survived its timeout"
-    assert await wait_dead(child), "a background child survived the timeout (orphan)"
+    pids = [int(x) for x in (root / "pids").read_text().split()]
+    assert len(pids) == 4 and r.details["pid"] in pids
+    assert await wait_session_empty(r.details["pid"]) == [], "processes of the command outlived its timeout"
+    for pid in pids:
+        assert await wait_dead(pid), f"process {pid} survived the timeout (orphan)"
 
 
 async def test_bash_cancellation_kills_the_whole_process_group(root: Path) -> None:
@@ -163,28 +275,31 @@ async def test_bash_cancellation_kills_the_whole_process_group(root: Path) -> No
         async with trio.open_nursery() as nursery:
 
             async def _run() -> None:
-                await _call(
-                    env, "bash", command="echo $$ > pids.tmp; sleep 300 & echo $! >> pids.tmp; mv pids.tmp pids; wait"
-                )
+                await _call(env, "bash", command=_TREE + "echo $$ > shell.pid; echo $$ >> pids; wait")
 
             nursery.start_soon(_run)
             for _ in range(1000):
-                if pid_file.exists():
+                if pid_file.exists() and len(pid_file.read_text().split()) == 4:
                     break
                 await trio.sleep(0.01)
             pids = [int(x) for x in pid_file.read_text().split()]
-            assert len(pids) == 2 and all(is_running(p) for p in pids)
+            shell = int((root / "shell.pid").read_text())
+            assert len(pids) == 4 and shell in pids and all(is_running(p) for p in pids)
+            assert set(pids) <= set(session_members(shell)), "the listing sees the whole tree while it runs"
             nursery.cancel_scope.cancel()
     assert not guard.cancelled_caught
+    assert await wait_session_empty(shell) == [], "processes of the command outlived its cancellation"
     for pid in pids:
         assert await wait_dead(pid), f"process {pid} survived cancellation (orphan)"
 
 
 async def test_background_jobs_do_not_outlive_the_command(root: Path) -> None:
     env = CodingEnvironment(root)
-    r = await _call(env, "bash", command="sleep 300 & echo $! > bg.pid; echo started")
+    r = await _call(env, "bash", command=_TREE + "echo started")
     assert not r.is_error and "started" in r.content
-    assert await wait_dead(int((root / "bg.pid").read_text()))
+    assert r.details is not None and await wait_session_empty(r.details["pid"]) == []
+    for pid in (int(x) for x in (root / "pids").read_text().split()):
+        assert await wait_dead(pid)
 
 
 async def test_huge_output_is_capped_keeping_head_and_tail(root: Path) -> None:
@@ -287,6 +402,12 @@ async def test_bash_does_not_inherit_credentials_unless_asked(root: Path, monkey
     assert r.content.startswith("unset visible given\n")
     r = await _call(CodingEnvironment(root, pass_secrets=True), "bash", command=cmd)
     assert r.content.startswith("sk-should-not-leak visible \n")
+    # One credential passed by name: its value reaches bash but never the serialized state.
+    env = CodingEnvironment(root, pass_env=["ROLLOUTS_TEST_API_KEY"])
+    clone = await clone_environment(env)
+    assert "sk-should-not-leak" not in json.dumps(await clone.serialize())
+    r = await _call(clone, "bash", command=cmd)  # type: ignore[arg-type]
+    assert r.content.startswith("sk-should-not-leak visible \n")
 
 
 async def test_cancelling_the_run_mid_bash_aborts_cleanly_without_orphans(root: Path) -> None:
@@ -309,5 +430,6 @@ async def test_cancelling_the_run_mid_bash_aborts_cleanly_without_orphans(root: 
     final = result[0][-1]
     assert final.stop == StopReason.ABORTED
     assert [c.name for c in final.pending_tool_calls] == ["bash"] and final.next_tool_idx == 0
+    assert await wait_session_empty(pids[0]) == []
     for pid in pids:
         assert await wait_dead(pid), f"process {pid} outlived the cancelled run"

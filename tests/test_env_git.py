@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import trio
 from _env_helpers import calls, run, tool_messages
 
 from rollouts import RunConfig, StopReason, ToolCall
@@ -200,3 +201,93 @@ async def test_composed_worktree_closes_through_compose(repo: Path, tmp_path: Pa
     assert r.details is not None and "commit" in r.details
     await composed.aclose()
     assert not os.path.exists(env.root)
+
+
+@pytest.mark.parametrize("name", ["develop", "release/2024", "trunk-v2"])
+async def test_any_default_branch_name_works(tmp_path: Path, name: str) -> None:
+    repo = make_repo(tmp_path / "r", branch=name)
+    assert await default_branch(str(repo)) == name
+    env = await GitWorktreeEnvironment.create(repo, worktrees_dir=tmp_path / "wt")
+    try:
+        assert env.base_commit == git(repo, "rev-parse", name)
+        r = await env.exec_tool(ToolCall("1", "write", {"path": "n.txt", "content": "n\n"}), None, RunConfig())  # type: ignore[arg-type]
+        assert r.details is not None and "commit" in r.details
+        assert await env.commits() == ["write: n.txt"]
+        assert git(repo, "log", "--format=%s", name) == "initial"  # the base branch is untouched
+    finally:
+        await env.aclose()
+
+
+async def test_a_call_cancelled_half_way_commits_what_it_did_under_its_own_name(
+    env: GitWorktreeEnvironment, repo: Path
+) -> None:
+    root = Path(env.root)
+    with trio.move_on_after(30) as guard:
+        async with trio.open_nursery() as nursery:
+
+            async def _bash() -> None:
+                cmd = "echo partial > half.txt; sleep 300"
+                await env.exec_tool(ToolCall("c1", "bash", {"command": cmd}), None, RunConfig())  # type: ignore[arg-type]
+
+            nursery.start_soon(_bash)
+            for _ in range(1000):
+                if (root / "half.txt").exists():
+                    break
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert not guard.cancelled_caught
+    assert await env.commits() == ["bash: echo partial > half.txt; sleep 300 (interrupted)"]
+    assert git(repo, "show", f"{env.branch}:half.txt") == "partial"
+    # The next call's commit holds only its own change.
+    await env.exec_tool(ToolCall("c2", "write", {"path": "next.txt", "content": "x\n"}), None, RunConfig())  # type: ignore[arg-type]
+    assert git(repo, "show", "--name-only", "--format=", env.branch) == "next.txt"
+
+
+async def test_evaluate_gives_each_sample_its_own_worktree_and_removes_them(repo: Path, tmp_path: Path) -> None:
+    from rollouts import EvalConfig, Message, ScriptedModel, evaluate
+    from rollouts.providers.scripted import ScriptedRequest
+
+    def reply(req: ScriptedRequest) -> object:
+        if req.messages[-1].role == "user":
+            n = req.last_user_text
+            return tool_call("bash", command=f"echo {n} > answer.txt && python test_calc.py; true")
+        return "done"
+
+    async def factory() -> GitWorktreeEnvironment:
+        return await GitWorktreeEnvironment.create(repo, worktrees_dir=tmp_path / "wt")
+
+    model = ScriptedModel(reply)
+    config = EvalConfig(
+        endpoint=model.endpoint,
+        prepare_messages=lambda row: [Message("user", str(row["n"]))],
+        environment_factory=factory,
+        max_concurrent=6,
+        show_progress=False,
+    )
+    report = await evaluate([{"n": i} for i in range(6)], config)
+    assert [s.status for s in report.samples] == ["completed"] * 6, [s.error for s in report.samples]
+    assert worktrees(repo) == [str(repo)]  # every sample's worktree was removed
+    branches = git(repo, "branch", "--list", "rollouts/*", "--format=%(refname:short)").split()
+    assert len(branches) == 6
+    answers = sorted(git(repo, "show", f"{b}:answer.txt") for b in branches)
+    assert answers == [str(i) for i in range(6)]
+    assert all(git(repo, "log", "-1", "--format=%s", b).startswith("bash: echo") for b in branches)
+
+
+async def test_concurrent_creates_and_cleanups_in_one_repository(repo: Path, tmp_path: Path) -> None:
+    """Unlocked, concurrent `git worktree add`s in one repository fail now and then
+    ("failed to read .git/worktrees/.../commondir"); each round makes and removes 12 at once."""
+    for _ in range(3):
+        envs: list[GitWorktreeEnvironment] = []
+
+        async def make(into: list[GitWorktreeEnvironment]) -> None:
+            into.append(await GitWorktreeEnvironment.create(repo, worktrees_dir=tmp_path / "wt"))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(12):
+                nursery.start_soon(make, envs)
+        assert len({e.root for e in envs}) == 12 and len(worktrees(repo)) == 13
+        async with trio.open_nursery() as nursery:
+            for e in envs:
+                nursery.start_soon(e.cleanup)
+        assert worktrees(repo) == [str(repo)]

@@ -122,6 +122,8 @@ async def test_a_row_that_is_not_a_dict_is_a_clear_error() -> None:
     model = _echo_model()
     with pytest.raises(ConfigurationError, match="row 1 is a str"):
         await evaluate([{"q": 1}, "oops"], _config(model))  # type: ignore[list-item]
+    with pytest.raises(ConfigurationError, match="row 1 is a NoneType"):  # not a silent end of the data
+        await evaluate([{"q": 1}, None, {"q": 2}], _config(model))  # type: ignore[list-item]
 
 
 async def test_max_samples_takes_the_first_rows() -> None:
@@ -566,7 +568,17 @@ async def test_default_prepare_messages_reads_prompt_question_or_messages() -> N
 
 
 def test_config_validation_names_the_field() -> None:
+    import dataclasses
+
     ep = ScriptedModel(["x"]).endpoint
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        EvalConfig(endpoint=ep).max_concurrent = 3  # type: ignore[misc]
+    with pytest.raises(ConfigurationError, match="must be an Endpoint"):
+        EvalConfig(endpoint="openai/gpt-4")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="max_concurrent_model_calls"):
+        EvalConfig(endpoint=ep, max_concurrent_model_calls=0)
+    with pytest.raises(ConfigurationError, match="max_samples"):
+        EvalConfig(endpoint=ep, max_samples=-1)
     with pytest.raises(ConfigurationError, match="max_concurrent"):
         EvalConfig(endpoint=ep, max_concurrent=0)
     with pytest.raises(ConfigurationError, match="sample_timeout_s"):

@@ -3,6 +3,7 @@ dataset loaders."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -181,7 +182,7 @@ async def test_no_secret_in_any_written_file(tmp_path: Path) -> None:
         provider="scripted",
         model=model.name,
         api_key=secret,
-        api_base=f"https://user:{secret}@example.invalid/v1",
+        api_base=f"https://user:{secret}@example.invalid/v1?api-version=2024-06&key={secret}",
         extra_params={"extra_headers": {"Authorization": f"Bearer {secret}"}, "seed": 3},
     )
     config = _config(model, tmp_path, endpoint=endpoint, metadata={"token": secret, "note": "kept"})
@@ -194,6 +195,7 @@ async def test_no_secret_in_any_written_file(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["config"]["endpoint"]["extra_params"]["seed"] == 3
     assert data["config"]["metadata"]["note"] == "kept"
+    assert data["config"]["endpoint"]["api_base"].endswith("/v1?api-version=2024-06&key=[redacted]")
     assert secret not in json.dumps(report.to_dict(include_samples=True))
 
 
@@ -214,6 +216,15 @@ def test_redact_secrets_keeps_token_counts() -> None:
         "auth": "",
         "author": "a",
     }
+
+
+def test_redact_secrets_blanks_url_credentials_only() -> None:
+    assert redact_secrets("https://u:p@h/v1") == "https://[redacted]@h/v1"
+    assert redact_secrets("https://h/v1?key=abc&model=m&access_token=t#f") == (
+        "https://h/v1?key=[redacted]&model=m&access_token=[redacted]#f"
+    )
+    assert redact_secrets("https://h/v1?api-version=2024&tokens=5") == "https://h/v1?api-version=2024&tokens=5"
+    assert redact_secrets("no url ?key=abc") == "no url ?key=abc"
 
 
 def test_sample_log_survives_a_torn_last_line(tmp_path: Path) -> None:
@@ -266,7 +277,14 @@ def test_load_jsonl_and_csv_are_lazy_and_name_bad_lines(tmp_path: Path) -> None:
 
     c = tmp_path / "d.csv"
     c.write_text('id,q,answer\nx,"2, plus 2",4\ny,3,3\n')
-    assert list(load_csv(c)) == [{"id": "x", "q": "2, plus 2", "answer": "4"}, {"id": "y", "q": "3", "answer": "3"}]
+    rows = load_csv(c)
+    assert inspect.isgenerator(rows)  # rows are read as they are asked for
+    assert next(rows) == {"id": "x", "q": "2, plus 2", "answer": "4"}
+    assert list(rows) == [{"id": "y", "q": "3", "answer": "3"}]
+    (tmp_path / "t.tsv").write_text("q\tanswer\n1\t2\n")
+    assert list(load_csv(tmp_path / "t.tsv", delimiter="\t")) == [{"q": "1", "answer": "2"}]
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        list(load_csv(tmp_path / "missing.csv"))
 
 
 async def test_evaluate_a_jsonl_file_end_to_end(tmp_path: Path) -> None:

@@ -164,6 +164,29 @@ async def test_judge_inside_evaluate_shares_the_eval() -> None:
     assert judge.calls == 2
 
 
+async def test_judge_tokens_and_cost_are_in_the_summary_apart_from_the_agents() -> None:
+    model = ScriptedModel(lambda req: "the answer")
+    judge = ScriptedModel(lambda req: "fine <score>7</score>")
+    config = EvalConfig(
+        endpoint=model.endpoint,
+        prepare_messages=lambda row: [Message("user", "q")],
+        score_fn=llm_judge(judge.endpoint, rubric="r"),
+        show_progress=False,
+    )
+    report = await evaluate([{"i": i} for i in range(3)], config)
+    per_sample = [s.score.get("judge").metadata["judge_usage"] for s in report.samples]  # type: ignore[union-attr]
+    scoring = report.summary["scoring"]
+    assert scoring["input_tokens"] == sum(u["input_tokens"] for u in per_sample) > 0
+    assert scoring["output_tokens"] == sum(u["output_tokens"] for u in per_sample) > 0
+    assert report.summary["tokens"]["input"] == sum(
+        s.trajectory.total_usage().input_tokens  # type: ignore[union-attr]
+        for s in report.samples
+    )
+    assert report.summary["total_cost_usd"] == report.summary["cost_usd"] + scoring["cost_usd"]
+    assert "scoring (judge): tokens" in report.format()
+    assert report.summary["metrics"]["judge"]["mean"] == pytest.approx(0.7)
+
+
 async def test_judge_limiter_bounds_concurrent_judge_calls() -> None:
     now = peak = 0
 

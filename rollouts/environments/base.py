@@ -37,7 +37,12 @@ ToolFormatter: TypeAlias = Callable[[ToolCall, ToolResult | None], str]
 
 @runtime_checkable
 class Environment(Protocol):
-    def get_tools(self) -> Sequence[Tool]: ...
+    """The tools an agent can call and the state they change (see the module docstring for the
+    contract; `EnvironmentBase` implements the optional parts)."""
+
+    def get_tools(self) -> Sequence[Tool]:
+        """The tools offered to the model, asked before every model call."""
+        ...
 
     async def exec_tool(
         self,
@@ -45,22 +50,39 @@ class Environment(Protocol):
         state: AgentState,
         run_config: RunConfig,
         cancel_scope: trio.CancelScope | None = None,
-    ) -> ToolResult: ...
+    ) -> ToolResult:
+        """Run one call (already checked against its tool's schema); expected failures are
+        `ToolResult(is_error=True)`."""
+        ...
 
-    def requires_confirmation(self, tool_call: ToolCall) -> bool: ...
+    def requires_confirmation(self, tool_call: ToolCall) -> bool:
+        """Whether `RunConfig.confirm_tool` must approve this call before it runs."""
+        ...
 
-    def get_tool_formatter(self, tool_name: str) -> ToolFormatter | None: ...
+    def get_tool_formatter(self, tool_name: str) -> ToolFormatter | None:
+        """How a UI shows a call of `tool_name` (None: the default)."""
+        ...
 
-    def get_status_info(self) -> Mapping[str, str] | None: ...
+    def get_status_info(self) -> Mapping[str, str] | None:
+        """A few strings describing the state, for a UI."""
+        ...
 
-    async def on_session_start(self, session_id: str) -> None: ...
+    async def on_session_start(self, session_id: str) -> None:
+        """Called once the run has a session (e.g. to name a branch after it)."""
+        ...
 
-    async def on_assistant_message(self, message: Message, state: AgentState) -> AgentState: ...
+    async def on_assistant_message(self, message: Message, state: AgentState) -> AgentState:
+        """Sees every model message; may return a changed state."""
+        ...
 
-    async def serialize(self) -> dict[str, Any]: ...
+    async def serialize(self) -> dict[str, Any]:
+        """Everything needed to continue, JSON-safe and without secrets."""
+        ...
 
     @classmethod
-    async def deserialize(cls, data: dict[str, Any]) -> Self: ...
+    async def deserialize(cls, data: dict[str, Any]) -> Self:
+        """A new, equal environment from `serialize()`'s output (cheap: no one-time setup)."""
+        ...
 
 
 class EnvironmentBase:

@@ -12,6 +12,7 @@ The current page (url, title, text, links) and the history are the state `serial
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -236,7 +237,10 @@ class BrowsingEnvironment(ToolEnvironment):
                 del body[self.max_bytes :]
                 truncated = True
                 break
-        text = bytes(body).decode(resp.charset_encoding or "utf-8", errors="replace")
+        try:
+            text = bytes(body).decode(resp.charset_encoding or "utf-8", errors="replace")
+        except LookupError:  # a charset Python does not know: read it as UTF-8
+            text = bytes(body).decode("utf-8", errors="replace")
         if resp.status_code >= 400:
             snippet = " ".join(text.split())[:300]
             raise ToolError(f"HTTP {resp.status_code} {resp.reason_phrase} for {url}. {snippet}".strip())
@@ -245,7 +249,10 @@ class BrowsingEnvironment(ToolEnvironment):
     async def _open(self, url: str) -> str:
         final, kind, body, truncated = await self._get(self.check_url(url.strip()))
         if kind == "html":
-            page = html_to_page(body, final, max_links=self.max_links)
+            # Off the event loop: a 2 MB page takes a second or two to parse.
+            page = await trio.to_thread.run_sync(
+                functools.partial(html_to_page, body, final, max_links=self.max_links), abandon_on_cancel=True
+            )
             title, text, links = page.title, page.text, page.links
         elif kind == "json":
             try:

@@ -4,6 +4,8 @@ Every path a tool receives is resolved against the root (symlinks included) and 
 lands outside: `../x`, `/etc/passwd` and a symlink pointing out of the root all give a clear
 error result. `bash` runs in the root in its own process group with a timeout; the whole group
 is killed on timeout, on cancellation and when the command ends, and its output is capped.
+`grep` also runs in a process of its own with a time limit, so a pattern that backtracks
+catastrophically cannot freeze the event loop (Python's `re` holds the GIL while it matches).
 
 Presets choose the tools: `read_only` (read, ls, glob, grep), `no_write` (those plus bash) and
 `full` (everything). The files themselves are the environment's state on disk; `serialize()`
@@ -13,9 +15,11 @@ captures the root and the settings, so clones made by the agent loop share the d
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -23,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import trio
 
 from rollouts.dtypes import ToolCall, ToolResult
+from rollouts.environments._grep_worker import TooManyFiles, walk_files
 from rollouts.environments._process import run_command
 from rollouts.environments.tools import ToolEnvironment, ToolError, tool
 
@@ -46,6 +51,8 @@ _SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION
 _MAX_GREP_FILE_BYTES = 2_000_000
 _MAX_READ_FILE_BYTES = 20_000_000
 _MAX_WALK_FILES = 20_000
+_GREP_TIMEOUT_S = 30.0
+_GREP_WORKER = str(Path(__file__).with_name("_grep_worker.py"))
 
 
 class CodingEnvironment(ToolEnvironment):
@@ -59,9 +66,12 @@ class CodingEnvironment(ToolEnvironment):
         max_output_bytes: bash output kept (head and tail) per command.
         max_read_chars: characters `read` returns per call (use offset/limit for more).
         confirm_bash / confirm_writes: mark bash / write+edit calls `requires_confirmation`.
-        bash_env: extra environment variables for bash commands.
-        pass_secrets: pass variables whose names look like credentials (`*_API_KEY`, `*TOKEN*`,
-            `*SECRET*`, ...) from this process to bash. Off by default.
+        bash_env: extra environment variables for bash commands. They are serialized (and so
+            recorded in sessions): put no secrets here; name them in `pass_env` instead.
+        pass_env: names of variables of this process to pass to bash even though they look
+            like credentials (e.g. `("GITHUB_TOKEN",)`); only the names are serialized.
+        pass_secrets: pass every variable whose name looks like a credential (`*_API_KEY`,
+            `*TOKEN*`, `*SECRET*`, ...) from this process to bash. Off by default.
 
     The path confinement applies to the file tools. `bash` runs in the root but is not a
     sandbox: a command can read any file the process can. Use the `read_only` preset (no
@@ -80,6 +90,7 @@ class CodingEnvironment(ToolEnvironment):
         confirm_bash: bool = False,
         confirm_writes: bool = False,
         bash_env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
         pass_secrets: bool = False,
     ) -> None:
         if preset not in PRESETS:
@@ -98,6 +109,7 @@ class CodingEnvironment(ToolEnvironment):
         self.confirm_bash = confirm_bash
         self.confirm_writes = confirm_writes
         self.bash_env = dict(bash_env or {})
+        self.pass_env = tuple(pass_env)
         self.pass_secrets = pass_secrets
 
     # ---- protocol -------------------------------------------------------------------------
@@ -126,6 +138,7 @@ class CodingEnvironment(ToolEnvironment):
             "confirm_bash": self.confirm_bash,
             "confirm_writes": self.confirm_writes,
             "bash_env": dict(self.bash_env),
+            "pass_env": list(self.pass_env),
             "pass_secrets": self.pass_secrets,
         }
 
@@ -174,7 +187,7 @@ class CodingEnvironment(ToolEnvironment):
             raise ToolError(f"offset must be >= 1 (lines are numbered from 1), got {offset}.")
         if limit is not None and limit < 1:
             raise ToolError(f"limit must be >= 1, got {limit}.")
-        return await trio.to_thread.run_sync(self._read_sync, p, path, offset, limit)
+        return await trio.to_thread.run_sync(self._read_sync, p, path, offset, limit, abandon_on_cancel=True)
 
     def _read_sync(self, p: Path, shown: str, offset: int, limit: int | None) -> str:
         if p.is_dir():
@@ -254,7 +267,13 @@ class CodingEnvironment(ToolEnvironment):
         def _edit() -> int:
             if not p.is_file():
                 raise ToolError(f"File not found: {path!r}. Use ls or glob to find the right path.")
-            text = p.read_text(encoding="utf-8")
+            size = p.stat().st_size
+            if size > _MAX_READ_FILE_BYTES:
+                raise ToolError(f"{path!r} is {size} bytes, too large to edit (limit {_MAX_READ_FILE_BYTES}).")
+            try:
+                text = p.read_bytes().decode("utf-8")
+            except UnicodeDecodeError:
+                raise ToolError(f"{path!r} is not UTF-8 text; edit only changes text files.") from None
             count = text.count(old_text)
             if count == 0:
                 raise ToolError(
@@ -285,7 +304,9 @@ class CodingEnvironment(ToolEnvironment):
         if not 0 < t <= self.max_bash_timeout:
             raise ToolError(f"timeout must be between 0 and {self.max_bash_timeout:g} seconds, got {timeout_seconds}.")
         shell = shutil.which("bash") or "/bin/sh"
-        inherited = {k: v for k, v in os.environ.items() if self.pass_secrets or not _SECRET_ENV.search(k)}
+        inherited = {
+            k: v for k, v in os.environ.items() if self.pass_secrets or k in self.pass_env or not _SECRET_ENV.search(k)
+        }
         env = {**inherited, **self.bash_env}
         r = await run_command(
             [shell, "-c", command], cwd=self.root, timeout_s=t, max_output_bytes=self.max_output_bytes, env=env
@@ -318,24 +339,17 @@ class CodingEnvironment(ToolEnvironment):
             more = f"\n[{len(entries) - _MAX_LIST} more entries not shown]" if len(entries) > _MAX_LIST else ""
             return "\n".join(names) + more
 
-        return await trio.to_thread.run_sync(_ls)
+        return await trio.to_thread.run_sync(_ls, abandon_on_cancel=True)
 
     def _walk_files(self, base: Path) -> list[Path]:
         """Files under `base` (skipping VCS/cache dirs and links that leave the root), at most
         `_MAX_WALK_FILES` of them; ToolError beyond that, asking for a narrower path."""
-        files: list[Path] = []
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-            for f in sorted(filenames):
-                full = Path(dirpath) / f
-                real = os.path.realpath(full)
-                if real == self.root or real.startswith(self.root + os.sep):
-                    files.append(full)
-                    if len(files) > _MAX_WALK_FILES:
-                        raise ToolError(
-                            f"More than {_MAX_WALK_FILES} files under {self._rel(base)!r}; search a narrower path."
-                        )
-        return files
+        try:
+            return walk_files(self.root, base, _SKIP_DIRS, _MAX_WALK_FILES)
+        except TooManyFiles:
+            raise ToolError(
+                f"More than {_MAX_WALK_FILES} files under {self._rel(base)!r}; search a narrower path."
+            ) from None
 
     @tool
     async def glob(self, pattern: str) -> str:
@@ -349,14 +363,13 @@ class CodingEnvironment(ToolEnvironment):
             raise ToolError(f"Pattern {pattern!r} must be relative to the working directory and not contain '..'.")
 
         def _glob() -> str:
-            regex = _glob_regex(pattern)
-            hits = [self._rel(f) for f in self._walk_files(Path(self.root)) if regex.match(self._rel(f))]
+            hits = [rel for f in self._walk_files(Path(self.root)) if _glob_match(pattern, rel := self._rel(f))]
             if not hits:
                 return f"No files match {pattern!r}."
             more = f"\n[{len(hits) - _MAX_LIST} more matches not shown]" if len(hits) > _MAX_LIST else ""
             return "\n".join(hits[:_MAX_LIST]) + more
 
-        return await trio.to_thread.run_sync(_glob)
+        return await trio.to_thread.run_sync(_glob, abandon_on_cancel=True)
 
     @tool
     async def grep(self, pattern: str, path: str = ".", include: str | None = None, ignore_case: bool = False) -> str:
@@ -369,62 +382,73 @@ class CodingEnvironment(ToolEnvironment):
             ignore_case: Match case-insensitively.
         """
         try:
-            regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+            re.compile(pattern, re.IGNORECASE if ignore_case else 0)  # a clear error before any process starts
         except re.error as e:
             raise ToolError(f"Invalid regular expression {pattern!r}: {e}") from None
         p = self.resolve(path)
 
-        def _grep() -> str:
-            files = [p] if p.is_file() else self._walk_files(p)
-            hits: list[str] = []
-            for f in files:
-                if include and not fnmatch.fnmatch(f.name, include):
-                    continue
-                try:
-                    if f.stat().st_size > _MAX_GREP_FILE_BYTES:
-                        continue
-                    data = f.read_bytes()
-                except OSError:
-                    continue
-                if b"\x00" in data[:8192]:
-                    continue
-                for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-                    if regex.search(line):
-                        hits.append(f"{self._rel(f)}:{n}: {line[:300]}")
-                        if len(hits) > _MAX_LIST:
-                            return "\n".join(hits[:_MAX_LIST]) + f"\n[more than {_MAX_LIST} matches; narrow the search]"
-            return "\n".join(hits) if hits else f"No matches for {pattern!r}."
+        # In a process of its own, killed at the time limit or on cancellation: `re` holds the
+        # GIL for a whole match, so a backtracking pattern would otherwise freeze everything.
+        args = {
+            "root": self.root,
+            "base": str(p),
+            "pattern": pattern,
+            "ignore_case": ignore_case,
+            "include": include,
+            "max_hits": _MAX_LIST,
+            "max_file_bytes": _MAX_GREP_FILE_BYTES,
+            "max_files": _MAX_WALK_FILES,
+            "skip_dirs": sorted(_SKIP_DIRS),
+        }
+        r = await run_command(
+            [sys.executable, "-I", "-S", _GREP_WORKER, json.dumps(args)],
+            cwd=self.root,
+            timeout_s=_GREP_TIMEOUT_S,
+            max_output_bytes=_MAX_LIST * 2_000,
+        )
+        if r.timed_out:
+            raise ToolError(
+                f"grep stopped after {_GREP_TIMEOUT_S:g}s: narrow the path, or simplify the pattern "
+                "(nested repeats such as (a+)+ can take forever)."
+            )
+        try:
+            out = json.loads(r.output)
+        except ValueError:
+            raise ToolError(f"grep failed (exit code {r.exit_code}): {r.output[-500:]}") from None
+        if out.get("error") == "too_many_files":
+            raise ToolError(f"More than {_MAX_WALK_FILES} files under {self._rel(p)!r}; search a narrower path.")
+        hits = out["hits"]
+        if not hits:
+            return f"No matches for {pattern!r}."
+        more = f"\n[more than {_MAX_LIST} matches; narrow the search]" if out["more"] else ""
+        return "\n".join(hits) + more
 
-        return await trio.to_thread.run_sync(_grep)
 
+def _glob_match(pattern: str, path: str) -> bool:
+    """Whether a relative `path` matches a glob: a `**` segment spans any number of directories
+    (none included), `*`, `?` and `[...]` stay within one segment.
 
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    """A regex for a path glob: `**` spans directories, `*` and `?` stay within one."""
-    out = ""
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        if pattern.startswith("**/", i):
-            out += "(?:.*/)?"
-            i += 3
-        elif pattern.startswith("**", i):
-            out += ".*"
-            i += 2
-        elif c == "*":
-            out += "[^/]*"
-            i += 1
-        elif c == "?":
-            out += "[^/]"
-            i += 1
-        elif c == "[":
-            j = pattern.find("]", i + 1)
-            if j == -1:
-                out += re.escape(c)
-                i += 1
-            else:
-                out += "[" + pattern[i + 1 : j].replace("\\", "\\\\") + "]"
-                i = j + 1
+    Matched segment by segment (fnmatch, which does not backtrack exponentially, within one),
+    with a table over (pattern segment, path segment): time is linear in their product, where a
+    translation of the whole glob into one regex (`*a*a*a...`) can take forever while holding
+    the GIL."""
+    pats: list[str] = []
+    for part in pattern.split("/"):
+        if part == "**" and pats and pats[-1] == "**":
+            continue  # **/** is **
+        pats.append(part.replace("**", "*") if part != "**" else part)
+    segs = path.split("/")
+    n_p, n_s = len(pats), len(segs)
+    # ok[j]: pats[i:] matches segs[j:], computed from i = n_p down to 0.
+    ok = [j == n_s for j in range(n_s + 1)]
+    for i in range(n_p - 1, -1, -1):
+        new = [False] * (n_s + 1)
+        if pats[i] == "**":
+            new[n_s] = ok[n_s]
+            for j in range(n_s - 1, -1, -1):
+                new[j] = ok[j] or new[j + 1]
         else:
-            out += re.escape(c)
-            i += 1
-    return re.compile(out + r"\Z")
+            for j in range(n_s):
+                new[j] = ok[j + 1] and fnmatch.fnmatchcase(segs[j], pats[i])
+        ok = new
+    return ok[0]

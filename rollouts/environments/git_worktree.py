@@ -10,8 +10,9 @@ Each environment works on its own branch (`rollouts/<id>`, renamed to `rollouts/
 when a session starts) checked out in its own worktree, created from the repository's default
 branch (origin's HEAD, else main/master/trunk, else the checked-out branch) or `base_ref`. Every
 tool call that changes files (write, edit, bash) is committed, so a trajectory maps to a commit
-history; the branch is kept after cleanup. `serialize()` records the repository, branch,
-worktree and head; `deserialize()` re-attaches to the same worktree without creating anything
+history; a call cancelled half-way commits what it did so far, marked "(interrupted)", so it is
+not folded into the next call's commit. The branch is kept after cleanup. `serialize()` records
+the repository, branch, worktree and head; `deserialize()` re-attaches to the same worktree without creating anything
 (it re-adds the worktree for the branch only when its directory has gone, e.g. on resume after
 cleanup).
 """
@@ -62,6 +63,25 @@ async def _git(cwd: str, *args: str, check: bool = True) -> subprocess.Completed
         err = r.stderr.decode("utf-8", errors="replace").strip()
         raise GitError(f"`git {' '.join(args)}` failed in {cwd} (exit {r.returncode}): {err}")
     return r
+
+
+_REPO_LOCKS: trio.lowlevel.RunVar[dict[str, trio.Lock]] = trio.lowlevel.RunVar("rollouts_git_repo_locks")
+
+
+def _repo_lock(repo: str) -> trio.Lock:
+    """One lock per repository (per trio run) around what changes its shared worktree and branch
+    metadata: concurrent `git worktree add`s in one repository fail ("failed to read
+    .git/worktrees/<other>/commondir"), and a prune could drop a worktree being added. Commits,
+    each in its own worktree on its own branch, need no lock. Processes do not share it."""
+    try:
+        locks = _REPO_LOCKS.get()
+    except LookupError:
+        locks = {}
+        _REPO_LOCKS.set(locks)
+    lock = locks.get(repo)
+    if lock is None:
+        lock = locks[repo] = trio.Lock()
+    return lock
 
 
 def _is_dir(path: str) -> bool:
@@ -152,7 +172,8 @@ class GitWorktreeEnvironment(CodingEnvironment):
             os.makedirs(worktrees_dir, exist_ok=True)
         path = tempfile.mkdtemp(prefix="rollouts-wt-", dir=worktrees_dir)
         try:
-            await _git(top, "worktree", "add", "--quiet", "-b", branch_name, path, base_commit)
+            async with _repo_lock(top):
+                await _git(top, "worktree", "add", "--quiet", "-b", branch_name, path, base_commit)
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
@@ -173,20 +194,25 @@ class GitWorktreeEnvironment(CodingEnvironment):
             return
         new = f"rollouts/session-{session_id}"
         if new != self.branch:
-            await _git(self.repo, "branch", "-m", self.branch, new)
+            async with _repo_lock(self.repo):
+                await _git(self.repo, "branch", "-m", self.branch, new)
             self.branch = new
 
     async def cleanup(self, *, delete_branch: bool = False) -> None:
         """Remove the worktree (idempotent). The branch, and so the commit history, is kept
         unless `delete_branch`."""
         with trio.CancelScope(shield=True):
-            if _is_dir(self.root):
-                r = await _git(self.repo, "worktree", "remove", "--force", self.root, check=False)
-                if r.returncode != 0:
-                    shutil.rmtree(self.root, ignore_errors=True)
-            await _git(self.repo, "worktree", "prune", check=False)
-            if delete_branch:
-                await _git(self.repo, "branch", "-D", self.branch, check=False)
+            async with _repo_lock(self.repo):
+                await self._remove_worktree(delete_branch)
+
+    async def _remove_worktree(self, delete_branch: bool) -> None:
+        if _is_dir(self.root):
+            r = await _git(self.repo, "worktree", "remove", "--force", self.root, check=False)
+            if r.returncode != 0:
+                shutil.rmtree(self.root, ignore_errors=True)
+        await _git(self.repo, "worktree", "prune", check=False)
+        if delete_branch:
+            await _git(self.repo, "branch", "-D", self.branch, check=False)
 
     async def aclose(self) -> None:
         """Same as `cleanup()`."""
@@ -213,16 +239,26 @@ class GitWorktreeEnvironment(CodingEnvironment):
                 f"The worktree {self.root} no longer exists (the environment was cleaned up).",
                 is_error=True,
             )
-        result = await super().exec_tool(tool_call, state, run_config, cancel_scope)
         if tool_call.name not in _MUTATING_TOOLS:
-            return result
+            return await super().exec_tool(tool_call, state, run_config, cancel_scope)
+        try:
+            result = await super().exec_tool(tool_call, state, run_config, cancel_scope)
+        except BaseException:
+            # Cancelled (or crashed) half-way: commit what the call did so far, under its own
+            # name, so it is not folded into the next call's commit. Shielded and bounded.
+            with trio.CancelScope(shield=True), trio.move_on_after(_GIT_TIMEOUT_S):
+                try:
+                    await self._commit(tool_call, interrupted=True)
+                except GitError:
+                    pass  # the original exception matters more
+            raise
         sha = await self._commit(tool_call)
         if sha is None:
             return result
         details = {**dict(result.details or {}), "commit": sha}
         return dataclasses.replace(result, details=details)
 
-    async def _commit(self, call: ToolCall) -> str | None:
+    async def _commit(self, call: ToolCall, *, interrupted: bool = False) -> str | None:
         """Commit every change in the worktree; the new commit's sha, or None if nothing changed."""
         status = await _git(self.root, "status", "--porcelain", "--untracked-files=all")
         if not _out(status):
@@ -234,6 +270,8 @@ class GitWorktreeEnvironment(CodingEnvironment):
             subject = f"bash: {first[:60]}{'...' if len(first) > 60 else ''}"
         else:
             subject = f"{call.name}: {args.get('path', '')}"
+        if interrupted:
+            subject += " (interrupted)"
         message = f"{subject}\n\nTool-Call-Id: {call.id}\n"
         await _git(self.root, *_GIT_IDENTITY, "commit", "--quiet", "--no-verify", "-m", message)
         self.head = _out(await _git(self.root, "rev-parse", "HEAD"))
@@ -266,6 +304,7 @@ class GitWorktreeEnvironment(CodingEnvironment):
         root = data.pop("root")
         if not _is_dir(root):
             # Resuming after the worktree was removed: check the branch out again in the same place.
-            await _git(data["repo"], "worktree", "prune", check=False)
-            await _git(data["repo"], "worktree", "add", "--quiet", root, data["branch"])
+            async with _repo_lock(data["repo"]):
+                await _git(data["repo"], "worktree", "prune", check=False)
+                await _git(data["repo"], "worktree", "add", "--quiet", root, data["branch"])
         return cls(root, **data)

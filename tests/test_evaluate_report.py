@@ -1,0 +1,67 @@
+"""EvalReport: the summary and the config are computed when first read (or when report.json is
+written), so callers that never read them (GEPA's many small evaluations) do not pay for them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollouts import EvalConfig, Message, Metric, Sample, Score, ScriptedModel, evaluate
+from rollouts.eval_report import EvalReport
+
+
+def _config(**kw: Any) -> EvalConfig:
+    model = ScriptedModel(lambda req: f"answer {req.last_user_text}")
+    return EvalConfig(
+        endpoint=model.endpoint,
+        prepare_messages=lambda row: [Message("user", str(row["q"]))],
+        score_fn=lambda s: Score((Metric("correct", float(s.response == f"answer {s.input['q']}"), weight=1.0),)),
+        show_progress=False,
+        **kw,
+    )
+
+
+@pytest.fixture
+def summarize_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    import rollouts.eval_report as eval_report
+
+    calls: list[int] = []
+    real = eval_report.summarize
+
+    def counting(samples: Any) -> dict[str, Any]:
+        calls.append(1)
+        return real(samples)
+
+    monkeypatch.setattr(eval_report, "summarize", counting)
+    return calls
+
+
+async def test_summary_is_computed_once_and_only_when_read(summarize_calls: list[int]) -> None:
+    report = await evaluate([{"q": i} for i in range(3)], _config())
+    assert summarize_calls == []
+    assert report.summary["counts"]["completed"] == 3 and report.summary["reward"]["mean"] == 1.0
+    assert report.config["eval_name"] == "eval" and report.config["max_concurrent"] == 8
+    assert report.summary is report.summary and len(summarize_calls) == 1
+    assert json.loads(json.dumps(report.to_dict()))["summary"] == report.summary
+
+
+async def test_report_json_still_gets_both(tmp_path: Path, summarize_calls: list[int]) -> None:
+    report = await evaluate([{"q": i} for i in range(3)], _config(output_dir=tmp_path))
+    assert len(summarize_calls) == 1  # written to report.json
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["summary"]["counts"]["completed"] == 3 and data["config"]["eval_name"] == "eval"
+    assert report.summary == data["summary"] and len(summarize_calls) == 1
+
+
+def test_fields_given_as_values_or_functions() -> None:
+    sample = Sample("a", {"q": 1}, status="failed")
+    assert EvalReport("e", (sample,)).summary["counts"]["failed"] == 1
+    assert EvalReport("e", (sample,)).config == {}
+    assert EvalReport("e", (), summary={"x": 1}, config={"y": 2}).summary == {"x": 1}
+    made: list[int] = []
+    lazy = EvalReport("e", (), config=lambda: made.append(1) or {"y": 2})
+    assert made == [] and lazy.config == {"y": 2} and lazy.config == {"y": 2} and made == [1]
+    assert lazy == EvalReport("e", (), config={"y": 2})
