@@ -29,6 +29,7 @@ from rollouts.cli.common import (
     read_system_prompt,
 )
 from rollouts.cli.tasks import (
+    add_task_args,
     builtin_scorers,
     check_minimums,
     environment_factory,
@@ -72,15 +73,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_model_args(p)
     add_env_args(p)
     g = p.add_argument_group("evaluation")
-    g.add_argument("--prepare", metavar="MODULE:FUNCTION", help="row -> list of Messages (sync or async)")
-    g.add_argument("--score", metavar="NAME|MODULE:FUNCTION", help="built-in scorer name or Sample -> Score function")
+    add_task_args(g, system_prompt_help="system prompt added before each row's messages")
     g.add_argument("--list-scorers", action="store_true", help="list the built-in scorers and exit")
-    g.add_argument("--system-prompt", metavar="TEXT", help="system prompt added before each row's messages")
-    g.add_argument("--system-prompt-file", metavar="FILE", help="read the system prompt from FILE")
-    g.add_argument("--max-concurrent", type=int, metavar="N", help="samples in flight at once (default 8)")
     g.add_argument("--max-samples", type=int, metavar="N", help="evaluate only the first N rows")
-    g.add_argument("--max-turns", type=int, metavar="N", help="model turns per sample (default 10)")
-    g.add_argument("--sample-timeout", type=float, metavar="SECONDS", help="time limit per sample")
     g.add_argument(
         "--provider-retries",
         type=int,

@@ -30,7 +30,15 @@ from rollouts.cli.common import (
     read_system_prompt,
     refuse_key_flag,
 )
-from rollouts.cli.tasks import check_minimums, environment_factory, load_dataset, resolve_scorer, results_root, slug
+from rollouts.cli.tasks import (
+    add_task_args,
+    check_minimums,
+    environment_factory,
+    load_dataset,
+    resolve_scorer,
+    results_root,
+    slug,
+)
 from rollouts.config import resolve_model
 
 EXAMPLES = """\
@@ -75,14 +83,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     r.add_argument("--reflection-max-tokens", type=int, metavar="N", help="its maximum output tokens")
     t = p.add_argument_group("task")
     t.add_argument("--val", metavar="FILE", help="validation rows (default: the training rows)")
-    t.add_argument("--score", metavar="NAME|MODULE:FUNCTION", help="built-in scorer name or Sample -> Score function")
-    t.add_argument("--prepare", metavar="MODULE:FUNCTION", help="row -> list of Messages (sync or async)")
-    t.add_argument("--system-prompt", metavar="TEXT", help="the seed system prompt")
-    t.add_argument("--system-prompt-file", metavar="FILE", help="read the seed system prompt from FILE")
+    add_task_args(t, system_prompt_help="the seed system prompt")
     t.add_argument("--candidate", metavar="FILE", help="a JSON object of component name -> seed text")
-    t.add_argument("--max-concurrent", type=int, metavar="N", help="samples in flight at once (default 8)")
-    t.add_argument("--max-turns", type=int, metavar="N", help="model turns per sample (default 10)")
-    t.add_argument("--sample-timeout", type=float, metavar="SECONDS", help="time limit per sample")
     g = p.add_argument_group("search")
     g.add_argument("--budget", type=int, metavar="N", help="metric calls (rollouts of one row), never exceeded")
     g.add_argument("--minibatch", type=int, metavar="N", help="training rows per reflection (default 3)")

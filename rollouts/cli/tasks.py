@@ -34,6 +34,19 @@ _METRICS: dict[str, tuple[Callable[[], Any], str]] = {
 }
 
 
+def add_task_args(group: Any, *, system_prompt_help: str) -> None:
+    """The flags `eval` and `gepa` share: how each row is prepared, run and scored."""
+    group.add_argument("--prepare", metavar="MODULE:FUNCTION", help="row -> list of Messages (sync or async)")
+    group.add_argument(
+        "--score", metavar="NAME|MODULE:FUNCTION", help="built-in scorer name or Sample -> Score function"
+    )
+    group.add_argument("--system-prompt", metavar="TEXT", help=system_prompt_help)
+    group.add_argument("--system-prompt-file", metavar="FILE", help="read the system prompt from FILE")
+    group.add_argument("--max-concurrent", type=int, metavar="N", help="samples in flight at once (default 8)")
+    group.add_argument("--max-turns", type=int, metavar="N", help="model turns per sample (default 10)")
+    group.add_argument("--sample-timeout", type=float, metavar="SECONDS", help="time limit per sample")
+
+
 def builtin_scorers() -> dict[str, str]:
     """Built-in scorer names and what they check. Combine several with commas:
     `--score exact_match,contains` (each metric weighted 1)."""
