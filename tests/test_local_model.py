@@ -21,9 +21,10 @@ from cli_support import run_cli
 
 from rollouts.agents import run_agent
 from rollouts.cli.demo import CALCULATOR_PROMPT, EVAL_PROMPTS, strict_answer
+from rollouts.cli.tasks import with_system_prompt
 from rollouts.dtypes import Actor, AgentState, Endpoint, Message, Trajectory
 from rollouts.environments.calculator import CalculatorEnvironment
-from rollouts.eval_config import EvalConfig
+from rollouts.eval_config import EvalConfig, default_prepare_messages
 from rollouts.evaluation import evaluate
 from rollouts.events import StreamDone, StreamEvent, TextDelta, ToolCallEnd
 from rollouts.local_model import QWEN25_CODER_05B, ensure_model_file, locate_parts
@@ -98,7 +99,7 @@ async def test_a_tool_call_is_recognised_and_executed() -> None:
 def _config(prompt: str, output_dir: Path | None = None) -> EvalConfig:
     return EvalConfig(
         endpoint=LOCAL,
-        prepare_messages=lambda row: [Message("system", prompt), Message("user", row["question"])],
+        prepare_messages=with_system_prompt(default_prepare_messages, prompt),
         score_fn=combine(metric("strict", strict_answer, weight=1.0), metric("correct", numeric_match())),
         max_turns=1,
         max_concurrent=4,

@@ -16,7 +16,6 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -188,16 +187,10 @@ async def _calculator_run(store: Any) -> str | None:
     return final.session_id
 
 
-def _with_system_prompt(prompt: str) -> Callable[[Mapping[str, Any]], list[Message]]:
-    def prepare(row: Mapping[str, Any]) -> list[Message]:
-        return [Message("system", prompt), Message("user", row["question"])]
-
-    return prepare
-
-
 async def _evaluations(output_root: Path) -> list[Any]:
     from rollouts.cli.eval import summary_text
-    from rollouts.eval_config import EvalConfig
+    from rollouts.cli.tasks import with_system_prompt
+    from rollouts.eval_config import EvalConfig, default_prepare_messages
     from rollouts.evaluation import evaluate
     from rollouts.scorers import combine, metric, numeric_match
 
@@ -208,7 +201,7 @@ async def _evaluations(output_root: Path) -> list[Any]:
         print(f"\nsystem prompt ({name}): {prompt!r}")
         config = EvalConfig(
             endpoint=LOCAL_ENDPOINT,
-            prepare_messages=_with_system_prompt(prompt),
+            prepare_messages=with_system_prompt(default_prepare_messages, prompt),
             score_fn=combine(
                 metric("strict", strict_answer, weight=1.0),
                 metric("correct", numeric_match(answer_key="answer")),  # the number, in any format
