@@ -34,7 +34,7 @@ from typing import Any
 import trio
 
 from rollouts import Endpoint, EvalConfig, Message, evaluate
-from rollouts.scorers import combine, exact_match, extract_tag, metric
+from rollouts.eval.scorers import combine, exact_match, extract_tag, metric
 
 # --------------------------------------------------------------------------------------------
 # The server (subprocess)
@@ -195,9 +195,9 @@ _GROUPS = (
     ("rollouts lean transport + chat format", ("rollouts/providers/openai_http", "rollouts/providers/_chat_format")),
     ("rollouts provider glue (retry, aggregate)", ("rollouts/providers/",)),
     ("rollouts agent loop", ("rollouts/agents", "rollouts/dtypes", "rollouts/environments", "rollouts/run_config")),
-    ("rollouts evaluate (loop, summary)", ("rollouts/evaluation", "rollouts/eval_summary", "rollouts/eval_progress")),
-    ("scoring", ("rollouts/scorers", "rollouts/scoring")),
-    ("writing results (eval_io)", ("rollouts/eval_io",)),
+    ("rollouts evaluate (loop, summary)", ("rollouts/eval/run", "rollouts/eval/summary", "rollouts/eval/progress")),
+    ("scoring", ("rollouts/eval/scorers", "rollouts/eval/sample")),
+    ("writing results (eval.io)", ("rollouts/eval/io",)),
 )
 _SYSCALLS = "system calls (socket send/recv, epoll)"
 _SYSCALL_NAMES = ("'send'", "'recv", "'sendall'", "'poll'", "'epoll", "'write' of '_io", "'flush' of '_io")

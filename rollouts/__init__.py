@@ -51,9 +51,20 @@ from rollouts.errors import (
     RolloutsError,
     UnknownProviderError,
 )
-from rollouts.eval_io import load_csv, load_jsonl
-from rollouts.eval_summary import group_samples, summarize, summarize_groups
-from rollouts.evaluation import EvalConfig, EvalReport, evaluate, evaluate_sample, load_report
+from rollouts.eval.io import load_csv, load_jsonl
+from rollouts.eval.run import EvalConfig, EvalReport, evaluate, evaluate_sample, load_report
+from rollouts.eval.sample import Metric, Sample, Score
+from rollouts.eval.scorers import (
+    combine,
+    exact_match,
+    extract_last_number,
+    extract_regex,
+    extract_tag,
+    llm_judge,
+    metric,
+    numeric_match,
+)
+from rollouts.eval.summary import group_samples, summarize, summarize_groups
 from rollouts.events import (
     LLMCallStart,
     OnChunk,
@@ -107,17 +118,6 @@ from rollouts.providers.scripted import (
     tool_call,
 )
 from rollouts.run_config import RunConfig
-from rollouts.scorers import (
-    combine,
-    exact_match,
-    extract_last_number,
-    extract_regex,
-    extract_tag,
-    llm_judge,
-    metric,
-    numeric_match,
-)
-from rollouts.scoring import Metric, Sample, Score
 from rollouts.store import (
     AgentSession,
     FileSessionStore,

@@ -19,7 +19,7 @@ ROWS = [
 ]
 
 SCORER = """
-from rollouts.scoring import Metric, Score
+from rollouts.eval.sample import Metric, Score
 
 def score(sample):
     ok = str(sample.ground_truth) in sample.response

@@ -38,8 +38,8 @@ from rollouts import (
     tool_call,
 )
 from rollouts.errors import AuthenticationError, ConfigurationError, ProviderError
-from rollouts.eval_progress import ProgressBar
-from rollouts.eval_summary import flat_summary, group_samples, summarize, summarize_groups
+from rollouts.eval.progress import ProgressBar
+from rollouts.eval.summary import flat_summary, group_samples, summarize, summarize_groups
 from rollouts.providers.scripted import ScriptedRequest
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from rollouts import CalculatorEnvironment, ScriptedModel, tool_call
-from rollouts.evaluation import EvalConfig, evaluate
+from rollouts.eval.run import EvalConfig, evaluate
 
 
 class _Closable(CalculatorEnvironment):

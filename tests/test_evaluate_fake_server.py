@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from rollouts import Endpoint, EvalConfig, Message, evaluate
-from rollouts.scorers import combine, exact_match, extract_tag, metric
+from rollouts.eval.scorers import combine, exact_match, extract_tag, metric
 from rollouts.testing.fake_server import RecordedRequest, http_error, open_fake_server
 
 Transport = Literal["sdk", "http"]

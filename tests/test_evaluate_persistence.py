@@ -25,7 +25,7 @@ from rollouts import (
     load_report,
 )
 from rollouts.errors import ConfigurationError
-from rollouts.eval_io import SampleLog, read_sample_log, redact_secrets, write_json_atomic
+from rollouts.eval.io import SampleLog, read_sample_log, redact_secrets, write_json_atomic
 from rollouts.providers.scripted import ScriptedRequest
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rollouts import EvalConfig, Message, Metric, Sample, Score, ScriptedModel, evaluate
-from rollouts.eval_report import EvalReport
+from rollouts.eval.report import EvalReport
 
 
 def _config(**kw: Any) -> EvalConfig:
@@ -26,7 +26,7 @@ def _config(**kw: Any) -> EvalConfig:
 
 @pytest.fixture
 def summarize_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    import rollouts.eval_report as eval_report
+    import rollouts.eval.report as eval_report
 
     calls: list[int] = []
     real = eval_report.summarize

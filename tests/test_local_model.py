@@ -24,13 +24,13 @@ from rollouts.cli.demo import CALCULATOR_PROMPT, EVAL_PROMPTS, strict_answer
 from rollouts.cli.tasks import with_system_prompt
 from rollouts.dtypes import Actor, AgentState, Endpoint, Message, Trajectory
 from rollouts.environments.calculator import CalculatorEnvironment
-from rollouts.eval_config import EvalConfig, default_prepare_messages
-from rollouts.evaluation import evaluate
+from rollouts.eval.config import EvalConfig, default_prepare_messages
+from rollouts.eval.run import evaluate
+from rollouts.eval.scorers import combine, metric, numeric_match
 from rollouts.events import StreamDone, StreamEvent, TextDelta, ToolCallEnd
 from rollouts.local_model import QWEN25_CODER_05B, ensure_model_file, locate_parts
 from rollouts.providers import get_provider_function
 from rollouts.run_config import RunConfig
-from rollouts.scorers import combine, metric, numeric_match
 
 pytestmark = pytest.mark.local_model
 

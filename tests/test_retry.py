@@ -252,8 +252,8 @@ def _keyed_endpoint(provider: str, srv: Any) -> Endpoint:
 @pytest.mark.parametrize("provider", ["openai", "anthropic", "google", "openai-responses"])
 async def test_a_key_the_server_echoes_never_reaches_errors_events_or_files(provider: str, tmp_path: Any) -> None:
     """Some servers put the key they rejected into the error message; it must go no further."""
-    from rollouts.eval_config import EvalConfig
-    from rollouts.evaluation import evaluate
+    from rollouts.eval.config import EvalConfig
+    from rollouts.eval.run import evaluate
 
     script = [http_error(500, message=f"upstream broke for key {KEY}"), http_error(401, message=f"bad key {KEY}")]
     async with open_fake_server(script) as srv:

@@ -9,8 +9,7 @@ import trio
 import trio.lowlevel
 
 from rollouts import EvalConfig, Message, Metric, Sample, ScriptedModel, Trajectory, evaluate
-from rollouts.providers.scripted import ScriptedRequest
-from rollouts.scorers import (
+from rollouts.eval.scorers import (
     combine,
     contains,
     exact_match,
@@ -25,6 +24,7 @@ from rollouts.scorers import (
     parse_number,
     regex_match,
 )
+from rollouts.providers.scripted import ScriptedRequest
 
 
 def _sample(response: str, **row: Any) -> Sample:

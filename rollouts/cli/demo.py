@@ -34,9 +34,9 @@ from rollouts.cli.render import TerminalRenderer
 from rollouts.dtypes import Actor, AgentState, Endpoint, Message, Trajectory
 from rollouts.environments.calculator import CalculatorEnvironment
 from rollouts.errors import ModelFileError
+from rollouts.eval.sample import Sample
 from rollouts.providers.scripted import ScriptedModel, ScriptedReply, ScriptedToolCall
 from rollouts.run_config import RunConfig
-from rollouts.scoring import Sample
 
 EXAMPLES = """\
 examples:
@@ -190,9 +190,9 @@ async def _calculator_run(store: Any) -> str | None:
 async def _evaluations(output_root: Path) -> list[Any]:
     from rollouts.cli.eval import summary_text
     from rollouts.cli.tasks import with_system_prompt
-    from rollouts.eval_config import EvalConfig, default_prepare_messages
-    from rollouts.evaluation import evaluate
-    from rollouts.scorers import combine, metric, numeric_match
+    from rollouts.eval.config import EvalConfig, default_prepare_messages
+    from rollouts.eval.run import evaluate
+    from rollouts.eval.scorers import combine, metric, numeric_match
 
     _section(f"evaluate(): {len(EVAL_QUESTIONS)} arithmetic questions, strict <answer>N</answer> format")
     rows = [{"id": f"q{i}", "question": q, "answer": a} for i, (q, a) in enumerate(EVAL_QUESTIONS)]

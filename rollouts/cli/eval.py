@@ -148,7 +148,7 @@ def summary_text(report: Any) -> str:
 
 async def _run(dataset: Any, eval_config: Any) -> tuple[Any, bool]:
     """evaluate() under a SIGINT receiver: Ctrl-C cancels it (results so far are kept)."""
-    from rollouts.evaluation import evaluate, load_report
+    from rollouts.eval.run import evaluate, load_report
 
     interrupted = False
     report = None
@@ -186,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
     check_minimums(args, {"max_concurrent": 1, "max_samples": 0, "max_turns": 1, "provider_retries": 0})
     if args.sample_timeout is not None and args.sample_timeout <= 0:
         raise CLIError("--sample-timeout must be a positive number of seconds")
-    from rollouts.evaluation import EvalConfig, default_prepare_messages
+    from rollouts.eval.run import EvalConfig, default_prepare_messages
 
     config = get_config()
     endpoint = model_config_from_args(args, config).to_endpoint()

@@ -151,7 +151,7 @@ async def _run(kwargs: dict[str, Any]) -> tuple[Any, bool]:
 
 def main(args: argparse.Namespace) -> int:
     check_minimums(args, {"budget": 0, "minibatch": 1, "max_concurrent": 1, "max_turns": 1, "no_improvement": 1})
-    from rollouts.evaluation import EvalConfig, default_prepare_messages
+    from rollouts.eval.run import EvalConfig, default_prepare_messages
     from rollouts.gepa.checkpoint import STATE_FILE
 
     config = get_config()

@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rollouts import scorers
 from rollouts.cli.common import CLIError, environment_class, load_callable, make_environment
 from rollouts.config import RolloutsConfig
 from rollouts.dtypes import Message
+from rollouts.eval import scorers
 
 RESULTS_DIR_ENV = "ROLLOUTS_RESULTS_DIR"
 DEFAULT_RESULTS_DIR = "results"
@@ -84,7 +84,7 @@ class DatasetFile:
             raise CLIError(f"dataset {str(path)!r}: unknown format {suffix or '(no extension)'}; use .jsonl or .csv")
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        from rollouts.eval_io import load_csv, load_jsonl
+        from rollouts.eval.io import load_csv, load_jsonl
 
         if self.format == "jsonl":
             return load_jsonl(self.path)

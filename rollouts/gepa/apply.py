@@ -24,7 +24,7 @@ from rollouts.environments.base import (
     load_environment_class,
 )
 from rollouts.errors import ConfigurationError
-from rollouts.eval_config import EnvironmentFactory, PrepareMessages, Row
+from rollouts.eval.config import EnvironmentFactory, PrepareMessages, Row
 
 if TYPE_CHECKING:
     from typing import Self
@@ -108,7 +108,7 @@ def candidate_prepare(
 
 def candidate_environment_factory(factory: EnvironmentFactory, tools: Mapping[str, str]) -> EnvironmentFactory:
     """`factory` whose environments offer the candidate's tool descriptions."""
-    from rollouts.evaluation import _takes_argument
+    from rollouts.eval.run import _takes_argument
 
     async def make(row: Row) -> Environment:
         env = factory(row) if _takes_argument(factory) else factory()

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import trio
 
-from rollouts.eval_io import read_json, write_json_atomic
+from rollouts.eval.io import read_json, write_json_atomic
 from rollouts.gepa.state import GEPAState
 
 __all__ = [

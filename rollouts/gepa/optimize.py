@@ -25,7 +25,7 @@ import trio
 
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ConfigurationError
-from rollouts.eval_config import EvalConfig
+from rollouts.eval.config import EvalConfig
 from rollouts.gepa.adapter import GEPAAdapter
 from rollouts.gepa.checkpoint import ROLLOUTS_FILE, write_result_files
 from rollouts.gepa.config import GEPAConfig

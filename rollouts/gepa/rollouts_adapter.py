@@ -29,13 +29,13 @@ import trio
 
 from rollouts.dtypes import Message, TextContent, ThinkingContent, ToolCallContent
 from rollouts.errors import ConfigurationError
-from rollouts.eval_config import EvalConfig, Row
-from rollouts.evaluation import evaluate, sample_id_for
+from rollouts.eval.config import EvalConfig, Row
+from rollouts.eval.run import evaluate, sample_id_for
+from rollouts.eval.sample import Sample
 from rollouts.gepa.adapter import Candidate, EvaluationBatch, ReflectiveDataset
 from rollouts.gepa.apply import candidate_environment_factory, candidate_prepare, split_components
 from rollouts.gepa.checkpoint import JsonlLog
 from rollouts.run_config import RunConfig
-from rollouts.scoring import Sample
 
 __all__ = ["RolloutsAdapter", "candidate_hash", "render_trajectory"]
 

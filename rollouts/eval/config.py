@@ -10,10 +10,10 @@ from typing import Any, TypeAlias
 from rollouts.dtypes import Endpoint, Message
 from rollouts.environments.base import Environment
 from rollouts.errors import ConfigurationError
-from rollouts.eval_io import redact_secrets
+from rollouts.eval.io import redact_secrets
+from rollouts.eval.sample import Sample, Score
 from rollouts.events import StreamEvent
 from rollouts.run_config import RunConfig
-from rollouts.scoring import Sample, Score
 
 Row: TypeAlias = Mapping[str, Any]
 ScoreFn: TypeAlias = Callable[[Sample], Score | Awaitable[Score]]

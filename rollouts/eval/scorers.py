@@ -28,8 +28,8 @@ import trio
 
 from rollouts.agents import rollout
 from rollouts.dtypes import Actor, Endpoint, Message, Trajectory
+from rollouts.eval.sample import Metric, Sample, Score
 from rollouts.events import StreamEvent
-from rollouts.scoring import Metric, Sample, Score
 
 MetricResult: TypeAlias = float | int | bool | tuple[float | int | bool, str] | Metric
 MetricFn: TypeAlias = Callable[[Sample], MetricResult | Awaitable[MetricResult]]

@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rollouts.dtypes import Usage
-from rollouts.scoring import Sample
+from rollouts.eval.sample import Sample
 
 GroupKey = str | Callable[[Sample], Hashable]
 

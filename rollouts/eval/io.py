@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rollouts.errors import ConfigurationError
-from rollouts.scoring import Sample
+from rollouts.eval.sample import Sample
 
 SAMPLES_FILE = "samples.jsonl"
 REPORT_FILE = "report.json"

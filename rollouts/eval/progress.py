@@ -13,7 +13,7 @@ import sys
 import time
 from typing import TextIO
 
-from rollouts.scoring import Sample
+from rollouts.eval.sample import Sample
 
 _WIDTH = 20
 

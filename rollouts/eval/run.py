@@ -51,7 +51,7 @@ from rollouts.agents import run_agent
 from rollouts.dtypes import Actor, AgentState, Message, StopReason, Trajectory, now_iso
 from rollouts.environments.base import Environment
 from rollouts.errors import AuthenticationError, ConfigurationError
-from rollouts.eval_config import (
+from rollouts.eval.config import (
     Dataset,
     EnvironmentFactory,
     EvalConfig,
@@ -63,15 +63,15 @@ from rollouts.eval_config import (
     ScoreFn,
     default_prepare_messages,
 )
-from rollouts.eval_io import REPORT_FILE, SAMPLES_FILE, SampleLog, iter_sample_log, read_json, write_json_atomic
-from rollouts.eval_progress import ProgressBar
-from rollouts.eval_report import EvalReport, ReportStatus, load_report
+from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, SampleLog, iter_sample_log, read_json, write_json_atomic
+from rollouts.eval.progress import ProgressBar
+from rollouts.eval.report import EvalReport, ReportStatus, load_report
+from rollouts.eval.sample import Sample, Score
 from rollouts.events import StreamEvent
 from rollouts.providers._clients import client_scope
 from rollouts.run_config import RunConfig
-from rollouts.scoring import Sample, Score
 
-_log = logging.getLogger("rollouts.evaluation")
+_log = logging.getLogger("rollouts.eval.run")
 
 __all__ = [
     "Dataset",

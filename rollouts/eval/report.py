@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, overload
 
-from rollouts.eval_io import REPORT_FILE, SAMPLES_FILE, read_json, read_sample_log
-from rollouts.eval_summary import flat_summary, format_summary, summarize
-from rollouts.scoring import Sample
+from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, read_json, read_sample_log
+from rollouts.eval.sample import Sample
+from rollouts.eval.summary import flat_summary, format_summary, summarize
 
 ReportStatus = Literal["completed", "cancelled", "failed"]
 
