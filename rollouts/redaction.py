@@ -315,10 +315,12 @@ def _provider_key_names() -> tuple[str, ...]:
 
 
 def register_secrets(*values: str) -> None:
-    """Treat `values` as secrets from now on (in this process); short or empty ones are ignored."""
+    """Treat `values` as secrets from now on (in this process); short or empty ones, and values
+    holding a redaction marker, are ignored."""
     global _version
     new = [v.strip() for v in values if isinstance(v, str) and len(v.strip()) >= MIN_SECRET_LENGTH]
-    new = [v for v in new if v not in _values]
+    # (an endpoint read back from a file holds the markers, never a secret)
+    new = [v for v in new if v not in _values and REDACTED not in v and MASK not in v]
     if not new:
         return
     with _lock:
