@@ -308,10 +308,16 @@ _version = 0
 _cache: tuple[Any, Redactor] | None = None
 
 
-def _provider_key_names() -> tuple[str, ...]:
-    from rollouts.config import PROVIDER_KEY_ENV  # (config imports dtypes, which imports this module)
+_provider_names: tuple[str, ...] | None = None
 
-    return tuple(dict.fromkeys(n for names in PROVIDER_KEY_ENV.values() for n in names))
+
+def _provider_key_names() -> tuple[str, ...]:
+    global _provider_names
+    if _provider_names is None:
+        from rollouts.config import PROVIDER_KEY_ENV  # (config imports dtypes, which imports this module)
+
+        _provider_names = tuple(dict.fromkeys(n for names in PROVIDER_KEY_ENV.values() for n in names))
+    return _provider_names
 
 
 def register_secrets(*values: str) -> None:
@@ -350,17 +356,38 @@ def register_endpoint_secrets(endpoint: Endpoint) -> None:
     register_secrets(*values)
 
 
+def _env_snapshot(names: tuple[str, ...], encoded: tuple[bytes, ...]) -> tuple[Any, ...]:
+    """Something that changes when the values of `names` in `os.environ` change, read cheaply:
+    `os.environ.get` encodes and decodes on every call (microseconds each, on every write and
+    every streamed piece), so on POSIX the raw mapping behind `os.environ` is read instead."""
+    data = getattr(os.environ, "_data", None)
+    if os.name == "posix" and isinstance(data, dict):
+        return tuple(map(data.get, encoded))
+    return tuple(map(os.environ.get, names))
+
+
+_names_cache: tuple[int, tuple[str, ...], tuple[bytes, ...]] | None = None
+
+
+def _watched_names() -> tuple[tuple[str, ...], tuple[bytes, ...]]:
+    global _names_cache
+    cached = _names_cache
+    if cached is None or cached[0] != _version:
+        names = tuple(dict.fromkeys((*_provider_key_names(), *_env_names)))
+        cached = _names_cache = (_version, names, tuple(n.encode() for n in names))
+    return cached[1], cached[2]
+
+
 def known_secrets() -> Redactor:
     """A Redactor over every secret this process knows now (see the module docstring)."""
     global _cache
-    names = (*_provider_key_names(), *_env_names)
-    env = tuple(os.environ.get(n, "").strip() for n in names)
-    key = (_version, env)
+    names, encoded = _watched_names()
+    key = (_version, _env_snapshot(names, encoded))
     cached = _cache
     if cached is not None and cached[0] == key:
         return cached[1]
     with _lock:
-        redactor = Redactor((*_values, *env))
+        redactor = Redactor((*_values, *(os.environ.get(n, "").strip() for n in names)))
     _cache = (key, redactor)
     return redactor
 
