@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from rollouts.redaction import redact_secret_fields, register_endpoint_secrets
+from rollouts.redaction import redact_json, redact_secret_fields, register_endpoint_secrets
 
 if TYPE_CHECKING:
     from rollouts.environments.base import Environment
@@ -483,10 +483,11 @@ class Trajectory:
 
     @staticmethod
     def save_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> None:
-        """Write one trajectory per line (overwrites `path`)."""
+        """Write one trajectory per line (overwrites `path`), known secrets masked
+        (`rollouts.redaction`)."""
         with open(path, "w", encoding="utf-8") as f:
             for t in trajectories:
-                f.write(t.to_jsonl())
+                f.write(redact_json(t.to_jsonl()))
                 f.write("\n")
 
     @staticmethod
