@@ -258,6 +258,22 @@ class Redactor:
                 i = text.find(s[0], i + 1)
         return best
 
+    def safe_cut(self, text: str) -> int:
+        """Where `text`, known to continue, can be cut: everything before the cut can be shown
+        (masked) now. The tail after it could still grow into a secret: it is the longest suffix
+        that starts a secret (`held_length`), extended back over any secret it would cut in two
+        (so a key that is the start of a longer key is never shown in halves)."""
+        cut = len(text) - self.held_length(text)
+        for _ in range(len(text) + 1):  # the cut only moves back
+            moved = False
+            for s in self.secrets:
+                i = text.find(s, max(0, cut - len(s) + 1), cut + len(s) - 1)
+                if i != -1 and i < cut:
+                    cut, moved = i, True
+            if not moved:
+                return cut
+        return cut
+
     def stream(self) -> StreamRedactor:
         """A StreamRedactor over these secrets."""
         return StreamRedactor(self)
@@ -282,19 +298,22 @@ class StreamRedactor:
 
     @property
     def held(self) -> str:
-        """The text held back so far (shown by the next `feed` or `flush`)."""
+        """The text held back so far, unmasked (shown, masked, by the next `feed` or `flush`)."""
         return self._held
 
     def feed(self, piece: str) -> str:
         r = self.redactor
-        text = r.redact(self._held + piece) if r else self._held + piece
-        keep = r.held_length(text) if r else 0
-        self._held = text[len(text) - keep :] if keep else ""
-        return text[: len(text) - keep] if keep else text
+        text = self._held + piece
+        if not r:
+            self._held = ""
+            return text
+        cut = r.safe_cut(text)
+        self._held = text[cut:]
+        return r.redact(text[:cut])
 
     def flush(self) -> str:
         held, self._held = self._held, ""
-        return held
+        return self.redactor.redact(held)
 
 
 # --------------------------------------------------------------------------------------------

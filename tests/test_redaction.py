@@ -36,6 +36,7 @@ from rollouts.store import FileSessionStore
 
 KEY = "sk-unit-REDACTION-0123456789"
 OTHER = "sk-unit-REDACTION-other-key"  # shares a long prefix with KEY
+LONGER = KEY + "-and-more"  # KEY is the start of another secret
 
 
 def _pieces(text: str, rng: random.Random) -> list[str]:
@@ -44,13 +45,14 @@ def _pieces(text: str, rng: random.Random) -> list[str]:
 
 
 def test_stream_redactor_masks_keys_cut_anywhere_and_equals_whole_text_redaction() -> None:
-    r = Redactor([KEY, OTHER])
+    r = Redactor([KEY, OTHER, LONGER])
     rng = random.Random(7)
     texts = [
         f"the key is {KEY}.",
         f"{KEY}{OTHER} sk-unit-REDACTION- not a key sk-",
         f"s{KEY[:-1]} almost, then {OTHER}",
         "plain text with no secret at all, ending in s",
+        f"a key that starts a longer one: {LONGER} and {KEY}",
     ]
     for text in texts:
         for _ in range(50):
@@ -59,7 +61,8 @@ def test_stream_redactor_masks_keys_cut_anywhere_and_equals_whole_text_redaction
             out = "".join(shown) + s.flush()
             assert out == r.redact(text)
             for i in range(1, len(shown) + 1):  # nothing shown so far ever holds a key, even joined
-                assert KEY not in "".join(shown[:i]) and OTHER not in "".join(shown[:i])
+                assert all(k not in "".join(shown[:i]) for k in (KEY, OTHER, LONGER))
+            assert KEY[-6:] not in out and LONGER[-6:] not in out  # no half of a key either
 
 
 def test_stream_redactor_holds_back_only_what_could_start_a_key() -> None:

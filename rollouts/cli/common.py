@@ -293,6 +293,10 @@ class RedactingStream:
             self._stream.write(out)
         return len(text)
 
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
     def release(self) -> None:
         """Write what is held back (the output ends here) and flush."""
         rest = self._redactor.flush()
