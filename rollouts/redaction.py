@@ -240,8 +240,8 @@ class Redactor:
         """The length of the longest suffix of `text` that is the start (not the whole) of a
         secret: what a stream must hold back until it knows more."""
         best = 0
-        if not self._first_chars:
-            return 0
+        if not self.secrets or self._first_chars.isdisjoint(text[1 - len(self.secrets[0]) :]):
+            return 0  # (the common case, decided in C: no character of the tail can start a secret)
         for s in self.secrets:
             window = min(len(s) - 1, len(text))
             if window <= best:
@@ -264,6 +264,8 @@ class Redactor:
         that starts a secret (`held_length`), extended back over any secret it would cut in two
         (so a key that is the start of a longer key is never shown in halves)."""
         cut = len(text) - self.held_length(text)
+        if cut == len(text):
+            return cut  # nothing held: no secret can straddle the end
         for _ in range(len(text) + 1):  # the cut only moves back
             moved = False
             for s in self.secrets:
