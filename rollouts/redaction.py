@@ -199,12 +199,26 @@ class Redactor:
         return text
 
     def redact_json(self, text: str) -> str:
-        """Serialized JSON with every secret masked, as written raw or JSON-escaped (the result
-        is valid JSON whenever `text` is)."""
+        """Serialized JSON with every secret masked inside its strings, as written raw or
+        JSON-escaped. The result is valid JSON whenever `text` is: in the rare case a match
+        was not a whole piece of a string (a numeric secret inside a number, a match starting
+        inside an escape such as `\\n`), the value is parsed, masked and written compactly."""
+        out = text
         for s in self._json:
-            if s in text:
-                text = text.replace(s, MASK)
-        return text
+            if s in out:
+                out = out.replace(s, MASK)
+        if out is text:
+            return text
+        try:
+            json.loads(out)
+            return out
+        except ValueError:
+            pass
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return out  # (not JSON to begin with)
+        return json.dumps(self.redact_value(value), ensure_ascii=False, separators=(",", ":"))
 
     def redact_value(self, value: Any) -> Any:
         """`value` with secrets masked in every string inside it (mapping keys too). Mappings

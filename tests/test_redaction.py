@@ -85,6 +85,25 @@ def test_redactor_ignores_short_values_and_masks_json_escaped_forms() -> None:
     assert r.redact_value({"k": [f"{KEY}!", (KEY,)], KEY: None}) == {"k": [f"{MASK}!", (MASK,)], MASK: None}
 
 
+def test_redact_json_never_breaks_json() -> None:
+    digits, after_escape, in_unicode = "1234567890", "nsecret-value-1", "00e9-secret-value"
+    r = Redactor([digits, after_escape, in_unicode])
+    record = {
+        "tokens": 12345678901,  # the numeric secret inside a number: left alone
+        "text": f"line\n{after_escape[1:]} and {digits}",  # '\n' + 'secret-...' holds 'nsecret-...' encoded
+        "accent": "\u00e9-secret-value",  # '\u00e9' encoded holds '00e9-secret-value'
+        "real": f"{after_escape} {in_unicode}",
+    }
+    for text in (json.dumps(record), json.dumps(record, ensure_ascii=False, indent=2)):
+        out = json.loads(r.redact_json(text))
+        assert out == {
+            "tokens": 12345678901,
+            "text": f"line\n{after_escape[1:]} and {MASK}",
+            "accent": "\u00e9-secret-value",
+            "real": f"{MASK} {MASK}",
+        }
+
+
 def test_secret_field_rule() -> None:
     data = {
         "api_key": "k",
