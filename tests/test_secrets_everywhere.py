@@ -74,6 +74,31 @@ async def _cli(tmp: Path, env: dict[str, str], *args: str) -> tuple[int, str, st
     return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
 
 
+# A scripted model (the in-process provider) that reads the keys from its environment and says
+# them in 2-character pieces: in thinking, text and tool arguments; asked to fail, it raises an
+# error quoting them.
+ECHO_MODULE = """
+import os
+from rollouts import Metric, RolloutsError, Score, ScriptedModel, ScriptedReply, ScriptedToolCall
+
+def _reply(req):
+    said = " and ".join(v for k, v in sorted(os.environ.items()) if k.endswith("_KEY"))
+    if "please fail" in req.last_user_text:
+        raise RolloutsError(f"the model refused the keys {said}")
+    if req.messages[-1].role == "tool":
+        return f"Finished with {said}."
+    return ScriptedReply(
+        f"The keys are {said}.", thinking=f"I hold {said}",
+        tool_calls=(ScriptedToolCall("complete_task", {"final_result": f"keys: {said}"}),),
+    )
+
+ScriptedModel(_reply, name="echo-keys", chunk_size=2)
+
+def score(sample):
+    return Score((Metric("said", float("***" in sample.response), 1.0, {"feedback": sample.response}),))
+"""
+
+
 def _setup(tmp: Path, base_url: str) -> dict[str, str]:
     """rollouts.toml with an endpoint whose key comes from TEAM_KEY and whose extra_params carry
     a header holding HEADER_KEY; datasets. (These input files are the only ones allowed keys.)"""
@@ -83,6 +108,7 @@ def _setup(tmp: Path, base_url: str) -> dict[str, str]:
     )
     rows = [{"id": f"r{i}", "question": f"topic {i}", "answer": "keys"} for i in range(3)]
     rows.append({"id": "bad", "question": "please fail", "answer": "x"})
+    (tmp / "echo_keys.py").write_text(ECHO_MODULE)
     (tmp / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     # GEPA: answers the model never gives, so every minibatch asks the reflection model
     (tmp / "train.jsonl").write_text("".join(json.dumps({**r, "answer": "zebra"}) + "\n" for r in rows[:3]))
@@ -90,7 +116,7 @@ def _setup(tmp: Path, base_url: str) -> dict[str, str]:
 
 
 def _leaks(tmp: Path, outputs: list[str]) -> list[str]:
-    inputs = {tmp / "rollouts.toml"}
+    inputs = {tmp / "rollouts.toml"}  # (the user's own file holding the header key)
     hits = [f"output {i}: {k}" for i, text in enumerate(outputs) for k in KEYS if k in text]
     for path in tmp.rglob("*"):
         if path.is_file() and path not in inputs:
@@ -121,6 +147,11 @@ async def test_no_key_is_printed_or_written_by_any_command(tmp_path: Path) -> No
         task = ("-m", "team", "--env", "calculator", "--score", "contains")
         await cli("eval", "data.jsonl", *task, "--no-progress", ok=(1,))
         await cli("eval", "data.jsonl", *task, "--json", "--output", "results-json", ok=(1,))
+        # eval with the scripted model that echoes the keys from its environment
+        await cli(
+            "eval", "data.jsonl", "-m", "scripted/echo-keys", "--env", "calculator", "--score", "echo_keys:score",
+            "--output", "results-scripted", "--no-progress", ok=(1,),
+        )  # fmt: skip
         await cli(
             "gepa", "train.jsonl", "-m", "team", "--reflection-model", "team", "--env", "calculator",
             "--score", "contains", "--system-prompt", "Answer.", "--max-iterations", "2", "--output", "gepa-run",
@@ -138,6 +169,8 @@ async def test_no_key_is_printed_or_written_by_any_command(tmp_path: Path) -> No
     assert "The keys are ***" in joined and "called with ***" in thinking and "keys: ***" in args, streamed
     assert all(k not in joined + thinking + args for k in KEYS)
     assert any(r["type"] == "stream_error" and "refused the keys ***" in r["error"] for r in records)
+    scripted = (tmp_path / "results-scripted" / "samples.jsonl").read_text()
+    assert "The keys are ***" in scripted and "I hold ***" in scripted and "refused the keys ***" in scripted
     gepa = tmp_path / "gepa-run"
     assert "The keys are ***" in (gepa / "reflections.jsonl").read_text()  # the prompt proposed
     assert "keys: ***" in (gepa / "rollouts.jsonl").read_text()
