@@ -3,6 +3,7 @@ across pieces), event redaction (keys cut across deltas), and the writers that u
 
 from __future__ import annotations
 
+import io
 import json
 import random
 from pathlib import Path
@@ -31,6 +32,7 @@ from rollouts.events import (
     ToolResultReceived,
 )
 from rollouts.gepa.checkpoint import JsonlLog
+from rollouts.gepa.events import GEPAEvent, ProgressPrinter
 from rollouts.redaction import MASK, REDACTED, Redactor, redact_events
 from rollouts.store import FileSessionStore
 
@@ -224,3 +226,11 @@ def _assert_masked_files(root: Path, count: int) -> None:
         assert KEY not in text and MASK in text, path
         for line in text.splitlines() if path.suffix == ".jsonl" else [text]:
             json.loads(line)
+
+
+def test_gepa_progress_lines_mask_known_secrets() -> None:
+    redaction.register_secrets(KEY)
+    out = io.StringIO()
+    event = GEPAEvent("iteration_end", 3, 9, None, 0.5, 0, 1, message=f"reflection failed: bad key {KEY}")
+    ProgressPrinter(out)(event)
+    assert KEY not in out.getvalue() and f"bad key {MASK}" in out.getvalue()
