@@ -300,7 +300,8 @@ class StreamRedactor:
 
     `feed(piece)` returns what can be shown now: the text so far with secrets masked, minus the
     longest tail that could still grow into a secret (held back); `flush()` returns what is held
-    (call it when the text ends). Joined, the outputs equal the whole text redacted.
+    (call it when the text ends). Joined, the outputs equal the whole text redacted (when no two
+    secrets overlap in the text; when they do, the joined outputs still hold neither whole).
 
     With no `redactor`, the process's `known_secrets()` at the time of each piece are used."""
 
