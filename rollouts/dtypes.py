@@ -77,12 +77,13 @@ class Endpoint:
         secret-looking `extra_params` fields (headers with a key, ...) and `api_base` credentials
         read `[redacted]` (`rollouts.redaction.redact_secret_fields`)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["thinking"] = dict(self.thinking) if self.thinking is not None else None
-        d["extra_params"] = dict(self.extra_params) if self.extra_params is not None else None
         if exclude_secrets:
             for name in _SECRET_FIELDS:
                 d.pop(name, None)
-            d["api_base"] = redact_secret_fields(self.api_base)
+        d["thinking"] = dict(self.thinking) if self.thinking is not None else None
+        d["extra_params"] = dict(self.extra_params) if self.extra_params is not None else None
+        if exclude_secrets:  # one rule for every output: headers holding a key, URL credentials
+            d["api_base"] = redact_secret_fields(d["api_base"])
             d["extra_params"] = redact_secret_fields(d["extra_params"])
         return d
 
