@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -234,3 +237,18 @@ def test_gepa_progress_lines_mask_known_secrets() -> None:
     event = GEPAEvent("iteration_end", 3, 9, None, 0.5, 0, 1, message=f"reflection failed: bad key {KEY}")
     ProgressPrinter(out)(event)
     assert KEY not in out.getvalue() and f"bad key {MASK}" in out.getvalue()
+
+
+def test_redaction_benchmark_prints_its_figures() -> None:
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "redaction.py"), "--repeats", "200"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=True,
+    ).stdout
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["line_bytes"] > 300
+    assert all(figures[k] > 0 for k in ("redact_json_us", "dumps_us", "feed_us", "feed_held_us", "known_secrets_us"))
