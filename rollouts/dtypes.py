@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
+from rollouts.redaction import redact_json, redact_secret_fields, register_endpoint_secrets
+
 if TYPE_CHECKING:
     from rollouts.environments.base import Environment
 
@@ -67,15 +69,22 @@ class Endpoint:
             raise ValueError(f"Endpoint.timeout must be > 0 seconds, got {self.timeout}")
         if self.transport not in ("sdk", "http"):
             raise ValueError(f"Endpoint.transport must be 'sdk' or 'http', got {self.transport!r}")
+        if self.api_key or self.extra_params or self.api_base:
+            register_endpoint_secrets(self)  # a key this process has seen is never printed or written
 
     def to_dict(self, exclude_secrets: bool = True) -> dict[str, Any]:
-        """A JSON-ready dict. With the default `exclude_secrets=True` it has no `api_key` key."""
+        """A JSON-ready dict. With the default `exclude_secrets=True` it has no `api_key` key, and
+        secret-looking `extra_params` fields (headers with a key, ...) and `api_base` credentials
+        read `[redacted]` (`rollouts.redaction.redact_secret_fields`)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         if exclude_secrets:
             for name in _SECRET_FIELDS:
                 d.pop(name, None)
         d["thinking"] = dict(self.thinking) if self.thinking is not None else None
         d["extra_params"] = dict(self.extra_params) if self.extra_params is not None else None
+        if exclude_secrets:  # one rule for every output: headers holding a key, URL credentials
+            d["api_base"] = redact_secret_fields(d["api_base"])
+            d["extra_params"] = redact_secret_fields(d["extra_params"])
         return d
 
     @classmethod
@@ -475,10 +484,11 @@ class Trajectory:
 
     @staticmethod
     def save_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> None:
-        """Write one trajectory per line (overwrites `path`)."""
+        """Write one trajectory per line (overwrites `path`), known secrets masked
+        (`rollouts.redaction`)."""
         with open(path, "w", encoding="utf-8") as f:
             for t in trajectories:
-                f.write(t.to_jsonl())
+                f.write(redact_json(t.to_jsonl()))
                 f.write("\n")
 
     @staticmethod

@@ -17,6 +17,7 @@ import trio
 from rollouts.config import BaseModelConfig, RolloutsConfig, load_config, resolve_model
 from rollouts.dtypes import Endpoint
 from rollouts.errors import RolloutsError
+from rollouts.redaction import StreamRedactor
 from rollouts.store.files import DEFAULT_SESSIONS_DIR, SESSIONS_DIR_ENV
 
 ENVIRONMENTS: dict[str, str] = {
@@ -277,31 +278,31 @@ def key_variable_names(args: argparse.Namespace | None = None) -> tuple[str, ...
     return tuple(dict.fromkeys(names))
 
 
-def secret_values(names: tuple[str, ...]) -> list[str]:
-    """The values of the variables `names` (to scrub them from anything printed)."""
-    return [v for v in (os.environ.get(n, "").strip() for n in names) if len(v) >= 4]
-
-
-def redact(text: str, secrets: list[str]) -> str:
-    """`text` with every value in `secrets` replaced by *** (longest first)."""
-    for value in sorted(secrets, key=len, reverse=True):
-        if value in text:
-            text = text.replace(value, "***")
-    return text
-
-
 class RedactingStream:
-    """A text stream wrapper that replaces API key values before they are written."""
+    """A text stream wrapper that keeps every known secret (`rollouts.redaction.known_secrets`)
+    off the stream, also when a secret is written in pieces: a tail that could be the start of
+    a secret is held back until the next write shows it is not, or until `release()`."""
 
-    def __init__(self, stream: Any, secrets: list[str]) -> None:
+    def __init__(self, stream: Any) -> None:
         self._stream = stream
-        self._secrets = sorted(set(secrets), key=len, reverse=True)
-
-    def add(self, secrets: list[str]) -> None:
-        self._secrets = sorted(set(self._secrets) | set(secrets), key=len, reverse=True)
+        self._redactor = StreamRedactor()
 
     def write(self, text: str) -> int:
-        return int(self._stream.write(redact(text, self._secrets)))
+        out = self._redactor.feed(text)
+        if out:
+            self._stream.write(out)
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def release(self) -> None:
+        """Write what is held back (the output ends here) and flush."""
+        rest = self._redactor.flush()
+        if rest:
+            self._stream.write(rest)
+        self._stream.flush()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

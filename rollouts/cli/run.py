@@ -42,6 +42,7 @@ from rollouts.dtypes import Actor, AgentState, Endpoint, Message, StopReason, Tr
 from rollouts.environments.base import load_environment_class
 from rollouts.errors import AuthenticationError, RolloutsError
 from rollouts.handlers import ToolConfirmResult, confirm_tool_auto_approve, confirm_tool_interactive
+from rollouts.redaction import redact_events
 from rollouts.run_config import RunConfig
 
 EXAMPLES = """\
@@ -331,7 +332,8 @@ class _Runner:
         else:
             confirm = confirm_denied
         self.run_config = RunConfig(
-            on_chunk=json_out.on_chunk if json_out is not None else renderer.on_chunk,
+            # secrets masked in the events, also when cut across deltas (--json consumers join them)
+            on_chunk=redact_events(json_out.on_chunk if json_out is not None else renderer.on_chunk),
             on_input=on_input,
             confirm_tool=confirm,
             session_store=self.store,

@@ -19,6 +19,7 @@ import trio
 from rollouts.cli import session_view
 from rollouts.cli.common import CLIError, HelpFormatter, add_sessions_dir_arg, get_config, sessions_dir
 from rollouts.cli.render import _one_line, use_color
+from rollouts.redaction import redact_json, redact_text
 from rollouts.store import (
     AgentSession,
     FileSessionStore,
@@ -249,6 +250,7 @@ async def _export(store: FileSessionStore, args: argparse.Namespace) -> int:
         text = session_view.to_html(session, messages)
     else:
         text = session_view.to_jsonl(messages)
+    text = redact_json(redact_text(text))  # (stdout is guarded too; a file is not)
     if args.output:
         try:
             await trio.Path(args.output).write_text(text, encoding="utf-8")

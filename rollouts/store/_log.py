@@ -15,6 +15,8 @@ Crash safety:
 * before writing, an incomplete last line (left by a writer killed mid-write) is cut off, so the
   new line never glues onto it; readers ignore such a line and report it;
 * `session.json` is replaced atomically: temp file, fsync, rename, fsync of the directory.
+
+Every record is written with known secret values masked (`rollouts.redaction.redact_json`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rollouts.dtypes import Message
+from rollouts.redaction import redact_json
 from rollouts.store.base import SessionCorruptError, SessionError, SessionRecoveryWarning
 
 MESSAGE_PREFIX = b'{"role"'
@@ -42,7 +45,9 @@ _TAIL_CHUNK = 1 << 16
 
 
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    """One JSON line, known secret values masked (every record the store writes passes here or
+    through `write_json_atomic`)."""
+    return redact_json(json.dumps(obj, ensure_ascii=False, separators=(",", ":"))).encode("utf-8")
 
 
 def encode_message(message: Message, environment_state: Mapping[str, Any] | None = None) -> bytes:
@@ -153,7 +158,7 @@ def fsync_dir(path: Path) -> None:
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Replace `path` with `data` atomically: a reader sees the old or the new file, never a mix."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    payload = json.dumps(data, ensure_ascii=False, indent=2).encode("utf-8") + b"\n"
+    payload = redact_json(json.dumps(data, ensure_ascii=False, indent=2)).encode("utf-8") + b"\n"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
     try:
         try:
