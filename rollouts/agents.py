@@ -9,13 +9,12 @@ must be recorded on abort is recorded in a shielded scope.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any
 
 import trio
 
 from rollouts._schema import argument_errors
-from rollouts.dtypes import Actor, AgentState, Message, StopReason, Tool, ToolCall, ToolResult, now_iso
+from rollouts.dtypes import Actor, AgentState, Message, StopReason, Tool, ToolCall, ToolResult, evolve, now_iso
 from rollouts.environments.base import Environment, clone_environment, environment_type_name
 from rollouts.errors import AuthenticationError, ContextTooLongError, ProviderError
 from rollouts.events import OnChunk, StreamEvent, ToolExecutionStart, ToolResultReceived
@@ -133,7 +132,7 @@ async def process_pending_tools(
             result = _error_result(call, "This agent has no environment, so it has no tools to call.")
         else:
             env = await clone_environment(env)
-            state = replace(state, environment=env)
+            state = evolve(state, environment=env)
             approved = True
             if env.requires_confirmation(call):
                 state, confirm = await rc.confirm_tool(call, state, rc)
@@ -142,33 +141,36 @@ async def process_pending_tools(
                     result = _error_result(call, f"The user denied this tool call: {confirm.reason}")
             if approved:
                 await rc.on_chunk(ToolExecutionStart(call.id, call.name))
+                await trio.lowlevel.checkpoint_if_cancelled()
                 result = await _execute_tool(env, tools, call, state, rc)
                 executed = True
-        details: dict[str, Any] = {"tool_name": call.name}
-        if result.is_error:
-            details["is_error"] = True
-        if result.details:
-            details["result"] = dict(result.details)
-        message = Message("tool", result.content, tool_call_id=call.id, timestamp=now_iso(), details=details)
-        await rc.on_chunk(ToolResultReceived(call.id, call.name, result))
+        message = Message.tool_result(
+            call, result.content, is_error=result.is_error, result_details=result.details, timestamp=now_iso()
+        )
         env_state = await env.serialize() if (recording and env is not None) else None
-        state = replace(state.with_messages(message), next_tool_idx=idx + 1)
+        state = evolve(state.with_messages(message), next_tool_idx=idx + 1)
         if _tracker is not None:
             _tracker.state = state
+        # Recorded before the event goes out: a cancel landing in or after the event keeps it.
         await _record(rc, state, (message,), env_state)
+        await rc.on_chunk(ToolResultReceived(call.id, call.name, result))
+        await trio.lowlevel.checkpoint_if_cancelled()
         if result.is_error and executed:
             before = state
             state = rc.handle_tool_error(result, state)
             await _record_added(rc, before, state)
         if result.stop_reason is not None and state.stop is None:
-            state = replace(state, stop=result.stop_reason)
-    return replace(state, pending_tool_calls=(), next_tool_idx=0)
+            state = evolve(state, stop=result.stop_reason)
+    return evolve(state, pending_tool_calls=(), next_tool_idx=0)
 
 
 async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: _Tracker | None = None) -> AgentState:
     """One step: stop checks, then either the pending tool calls of an interrupted turn or one
     model call followed by its tool calls. Returns the new state (turn_idx advanced)."""
     rc = run_config
+    # Every turn passes a checkpoint (a cancel point and a schedule point): a scripted model and
+    # an in-memory environment never yield on their own, and cancellation must still land.
+    await trio.lowlevel.checkpoint()
     before = state
     state = rc.handle_stop(state)
     await _record_added(rc, before, state)
@@ -176,7 +178,7 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
         return state
     if state.next_tool_idx < len(state.pending_tool_calls):
         state = await process_pending_tools(state, rc, _tracker=_tracker)
-        return replace(state, turn_idx=state.turn_idx + 1)
+        return evolve(state, turn_idx=state.turn_idx + 1)
 
     before = state
     state = rc.on_step_start(state)
@@ -185,17 +187,20 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
         return state
     env = state.environment
     tools = tuple(env.get_tools()) if env is not None else ()
-    actor = state.actor if state.actor.tools == tools else replace(state.actor, tools=tools)
+    actor = state.actor if state.actor.tools == tools else evolve(state.actor, tools=tools)
 
-    on_chunk = rc.on_chunk
+    user_on_chunk = rc.on_chunk
+    builder: MessageBuilder | None = None
     if _tracker is not None:
         builder = MessageBuilder(actor.endpoint.provider, actor.endpoint.model)
         _tracker.builder = builder
-        user_on_chunk = rc.on_chunk
 
-        async def on_chunk(event: StreamEvent) -> None:
+    async def on_chunk(event: StreamEvent) -> None:
+        # Every streamed event is a cancel point (cheap: it yields only when cancelled).
+        if builder is not None:
             builder.feed(event)
-            await user_on_chunk(event)
+        await user_on_chunk(event)
+        await trio.lowlevel.checkpoint_if_cancelled()
 
     try:
         if rc.model_limiter is not None:
@@ -207,12 +212,12 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
         raise
     except ProviderError as e:
         reason = StopReason.CONTEXT_TOO_LONG if isinstance(e, ContextTooLongError) else StopReason.PROVIDER_ERROR
-        return replace(state, stop=reason, error=f"{type(e).__name__}: {e}")
+        return evolve(state, stop=reason, error=f"{type(e).__name__}: {e}")
     if _tracker is not None:
         _tracker.builder = None
 
     message = new_actor.trajectory.messages[-1]
-    state = replace(state, actor=new_actor)
+    state = evolve(state, actor=new_actor)
     if _tracker is not None:
         _tracker.state = state
     await _record(rc, state, (message,))
@@ -226,12 +231,12 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
         before = state
         state = await rc.handle_no_tool(state, rc)
         await _record_added(rc, before, state)
-        return replace(state, turn_idx=state.turn_idx + 1)
-    state = replace(state, pending_tool_calls=calls, next_tool_idx=0)
+        return evolve(state, turn_idx=state.turn_idx + 1)
+    state = evolve(state, pending_tool_calls=calls, next_tool_idx=0)
     if _tracker is not None:
         _tracker.state = state
     state = await process_pending_tools(state, rc, _tracker=_tracker)
-    return replace(state, turn_idx=state.turn_idx + 1)
+    return evolve(state, turn_idx=state.turn_idx + 1)
 
 
 async def _continue_session(state: AgentState, store: SessionStore) -> None:
@@ -256,6 +261,9 @@ async def _continue_session(state: AgentState, store: SessionStore) -> None:
 
 
 async def _start_session(state: AgentState, rc: RunConfig) -> AgentState:
+    """Create (or continue) the run's session and record what it does not hold yet. Called
+    shielded, so a session that exists always gets its outcome recorded, even when the run was
+    cancelled before it began."""
     store = rc.session_store
     if store is None:
         return state
@@ -272,11 +280,9 @@ async def _start_session(state: AgentState, rc: RunConfig) -> AgentState:
         tags=rc.session_tags,
         status=SessionStatus.RUNNING,
     )
-    state = replace(state, session_id=session.session_id)
+    state = evolve(state, session_id=session.session_id)
     own = state.messages[state.branch_point :] if state.parent_session_id and state.branch_point else state.messages
     await _record(rc, state, tuple(own))
-    if env is not None:
-        await env.on_session_start(session.session_id)
     return state
 
 
@@ -285,6 +291,10 @@ def _final_status(state: AgentState) -> SessionStatus:
         return SessionStatus.ABORTED
     if state.stop in (StopReason.PROVIDER_ERROR, StopReason.CONTEXT_TOO_LONG):
         return SessionStatus.FAILED
+    if state.stop == StopReason.MAX_TURNS:  # a limit ended it, not the agent
+        return SessionStatus.MAX_TURNS
+    if state.stop == StopReason.BUDGET_EXCEEDED:
+        return SessionStatus.BUDGET_EXCEEDED
     return SessionStatus.COMPLETED
 
 
@@ -314,21 +324,25 @@ def _aborted(tracker: _Tracker) -> tuple[AgentState, Message | None]:
         partial = tracker.builder.partial_message() if tracker.builder is not None else None
         if partial is not None:
             state = state.with_messages(partial)
-        tracker.aborted = (replace(state, stop=StopReason.ABORTED, error="the run was cancelled"), partial)
+        tracker.aborted = (evolve(state, stop=StopReason.ABORTED, error="the run was cancelled"), partial)
     return tracker.aborted
 
 
 async def _run_loop(states: list[AgentState], rc: RunConfig, tracker: _Tracker) -> None:
-    state = await _start_session(states[0], rc)
+    created = rc.session_store is not None and states[0].session_id is None
+    with trio.CancelScope(shield=True):
+        state = await _start_session(states[0], rc)
     states[0] = tracker.state = state
     try:
+        if created and state.environment is not None and state.session_id is not None:
+            await state.environment.on_session_start(state.session_id)
         # Each step is one model turn or the resumption of an interrupted turn's tool calls,
         # so 2 * max_turns + 1 steps bound the loop whatever the handlers do.
         for _ in range(2 * rc.max_turns + 1):
             if state.stop is not None:
                 break
             if state.turn_idx >= rc.max_turns and state.next_tool_idx >= len(state.pending_tool_calls):
-                state = replace(state, stop=StopReason.MAX_TURNS, error=f"reached RunConfig.max_turns={rc.max_turns}")
+                state = evolve(state, stop=StopReason.MAX_TURNS, error=f"reached RunConfig.max_turns={rc.max_turns}")
                 states.append(state)
                 break
             state = await run_agent_step(state, rc, _tracker=tracker)

@@ -7,10 +7,12 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -18,6 +20,10 @@ from rollouts.config import BaseModelConfig, RolloutsConfig, load_config, resolv
 from rollouts.dtypes import Endpoint
 from rollouts.errors import RolloutsError
 from rollouts.store.files import DEFAULT_SESSIONS_DIR, SESSIONS_DIR_ENV
+
+if TYPE_CHECKING:
+    from rollouts.environments import Environment
+    from rollouts.store import FileSessionStore
 
 ENVIRONMENTS: dict[str, str] = {
     "basic": "rollouts.environments.basic:BasicEnvironment",
@@ -178,7 +184,26 @@ def sessions_dir(args: argparse.Namespace, config: RolloutsConfig) -> Path:
     return Path(str(chosen)).expanduser()
 
 
-def open_session_store(root: Path) -> Any:
+@contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Inside, a SessionRecoveryWarning (the store repaired or skipped crash damage) prints as
+    one line, `rollouts: warning: ...` on stderr, not as Python's warning with a source line."""
+    from rollouts.store import SessionRecoveryWarning
+
+    with warnings.catch_warnings():
+        show = warnings.showwarning
+
+        def show_line(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+            if issubclass(category, SessionRecoveryWarning):
+                print(f"rollouts: warning: {' '.join(str(message).split())}", file=sys.stderr)
+            else:
+                show(message, category, *args, **kwargs)
+
+        warnings.showwarning = show_line
+        yield
+
+
+def open_session_store(root: Path) -> FileSessionStore:
     """The FileSessionStore at `root`."""
     from rollouts.store import FileSessionStore
 
@@ -202,7 +227,7 @@ def environment_class(name: str) -> Any:
         raise CLIError(f"--env {name} is not available in this installation ({target} is missing)") from None
 
 
-async def make_environment(name: str, cwd: str | None = None, *, confirm: bool = True) -> Any:
+async def make_environment(name: str, cwd: str | None = None, *, confirm: bool = True) -> Environment:
     """A fresh environment for `--env name`. coding and git work in `cwd` (git: in a new
     worktree of the repository there); with `confirm`, shell commands and file writes ask first."""
     cls = environment_class(name)
