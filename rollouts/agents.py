@@ -18,9 +18,7 @@ from rollouts.dtypes import Actor, AgentState, Message, StopReason, Tool, ToolCa
 from rollouts.environments.base import Environment, clone_environment, environment_type_name
 from rollouts.errors import AuthenticationError, ContextTooLongError, ProviderError
 from rollouts.events import OnChunk, StreamEvent, ToolExecutionStart, ToolResultReceived
-from rollouts.providers import get_provider_function
-from rollouts.providers._aggregate import MessageBuilder
-from rollouts.providers._clients import client_scope
+from rollouts.providers import MessageBuilder, client_scope, get_provider_function
 from rollouts.run_config import RunConfig
 from rollouts.store.base import SessionError, SessionStatus, SessionStore
 
@@ -42,10 +40,26 @@ async def rollout(actor: Actor, on_chunk: OnChunk) -> Actor:
     new assistant message appended."""
     fn = get_provider_function(actor.endpoint.provider, actor.endpoint.model)
     new_actor = await fn(actor, on_chunk)
-    n = len(actor.trajectory.messages)
-    assert len(new_actor.trajectory.messages) == n + 1, "a provider must append exactly one message"
-    assert new_actor.trajectory.messages[-1].role == "assistant", "a provider must append an assistant message"
+    _check_provider_result(actor, new_actor)
     return new_actor
+
+
+def _check_provider_result(actor: Actor, new_actor: object) -> None:
+    """The provider contract (checked on every call: it is user code when registered)."""
+    provider = actor.endpoint.provider
+    if not isinstance(new_actor, Actor):
+        raise TypeError(
+            f"provider {provider!r} must return the Actor with the new assistant message appended, "
+            f"got {type(new_actor).__name__}"
+        )
+    n = len(actor.trajectory.messages)
+    added = len(new_actor.trajectory.messages) - n
+    if added != 1 or new_actor.trajectory.messages[-1].role != "assistant":
+        raise TypeError(
+            f"provider {provider!r} must append exactly one assistant message to the trajectory; it "
+            f"appended {added} message(s)"
+            + (f", the last a {new_actor.trajectory.messages[-1].role!r} message" if added > 0 else "")
+        )
 
 
 async def _record(
@@ -104,8 +118,13 @@ async def _execute_tool(
             result = await env.exec_tool(call, state, rc)
     except Exception as e:  # trio.Cancelled is a BaseException and propagates
         return _error_result(call, f"Tool '{call.name}' failed: {type(e).__name__}: {e}")
-    assert isinstance(result, ToolResult), f"{type(env).__name__}.exec_tool must return a ToolResult, got {result!r}"
-    assert result.tool_call_id == call.id, "a ToolResult must answer the call it was given (tool_call_id)"
+    if not isinstance(result, ToolResult):
+        raise TypeError(f"{type(env).__name__}.exec_tool must return a ToolResult, got {type(result).__name__}")
+    if result.tool_call_id != call.id:
+        raise TypeError(
+            f"{type(env).__name__}.exec_tool must answer the call it was given: its ToolResult has "
+            f"tool_call_id {result.tool_call_id!r}, the call's id is {call.id!r}"
+        )
     return result
 
 
@@ -119,7 +138,11 @@ async def process_pending_tools(
     environment state recorded with its result) never sees what an interrupted call i+1 did."""
     rc = run_config
     calls = state.pending_tool_calls
-    assert state.next_tool_idx < len(calls), "process_pending_tools called with nothing pending"
+    if state.next_tool_idx >= len(calls):
+        raise ValueError(
+            "process_pending_tools: the state has no pending tool calls "
+            f"(next_tool_idx {state.next_tool_idx} of {len(calls)}); run_agent_step decides when to call it"
+        )
     recording = rc.session_store is not None and state.session_id is not None
     tools = {t.name: t for t in state.environment.get_tools()} if state.environment is not None else {}
     for idx in range(state.next_tool_idx, len(calls)):

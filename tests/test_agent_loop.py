@@ -15,30 +15,17 @@ from rollouts import (
     AgentState,
     CalculatorEnvironment,
     EnvironmentBase,
-    LLMCallStart,
     Message,
     RunConfig,
     ScriptedModel,
     ScriptedReply,
     ScriptedToolCall,
-    ScriptExhaustedError,
     StopReason,
-    StreamDone,
-    StreamStart,
     TextContent,
-    TextDelta,
-    TextEnd,
-    TextStart,
     Tool,
     ToolCall,
     ToolCallContent,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallError,
-    ToolCallStart,
-    ToolExecutionStart,
     ToolResult,
-    ToolResultReceived,
     Trajectory,
     Usage,
     compose_handlers,
@@ -54,8 +41,23 @@ from rollouts import (
     tool_call,
 )
 from rollouts.errors import AuthenticationError, ContextTooLongError, ProviderError, UnknownProviderError
-from rollouts.events import StreamEvent
+from rollouts.events import (
+    LLMCallStart,
+    StreamDone,
+    StreamEvent,
+    StreamStart,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallError,
+    ToolCallStart,
+    ToolExecutionStart,
+    ToolResultReceived,
+)
 from rollouts.providers import get_provider_function
+from rollouts.providers.scripted import ScriptExhaustedError
 
 U = Usage(input_tokens=10, output_tokens=5)
 
@@ -833,3 +835,50 @@ def test_tool_argument_checks_agree_with_jsonschema(
         assert problem is not None
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(args, schema)
+
+
+# ------------------------------------------------------------------------------------------
+# Issue 14 item 4: contracts on user code raise TypeError (asserts vanish under python -O)
+# ------------------------------------------------------------------------------------------
+
+
+class _ReturnsNonsense(CalculatorEnvironment):
+    async def exec_tool(
+        self, tool_call: ToolCall, state: AgentState, run_config: RunConfig, cancel_scope: Any = None
+    ) -> ToolResult:
+        return "Added."  # type: ignore[return-value]
+
+
+class _AnswersAnotherCall(CalculatorEnvironment):
+    async def exec_tool(
+        self, tool_call: ToolCall, state: AgentState, run_config: RunConfig, cancel_scope: Any = None
+    ) -> ToolResult:
+        return ToolResult("someone-else", "Added.")
+
+
+async def test_typed_tool_message_semantics_user_code_contracts_raise_type_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(TypeError, match=r"_ReturnsNonsense\.exec_tool must return a ToolResult, got str"):
+        await run_agent(_state(ScriptedModel([tool_call("add", value=1)]), _ReturnsNonsense()), RunConfig())
+    with pytest.raises(TypeError, match="its ToolResult has tool_call_id 'someone-else'"):
+        await run_agent(_state(ScriptedModel([tool_call("add", value=1)]), _AnswersAnotherCall()), RunConfig())
+
+    from rollouts import providers
+    from rollouts.dtypes import Endpoint
+
+    async def returns_none(actor: Actor, on_chunk: Any) -> Any:
+        return None
+
+    async def appends_two(actor: Actor, on_chunk: Any) -> Actor:
+        return replace(actor, trajectory=actor.trajectory.append(Message("assistant", "a"), Message("assistant", "b")))
+
+    monkeypatch.setitem(providers._REGISTERED, "returns-none", returns_none)  # removed after the test
+    monkeypatch.setitem(providers._REGISTERED, "appends-two", appends_two)
+    for provider, expected in (
+        ("returns-none", "must return the Actor with the new assistant message appended, got NoneType"),
+        ("appends-two", "must append exactly one assistant message to the trajectory; it appended 2"),
+    ):
+        state = AgentState(actor=Actor(Trajectory((Message("user", "hi"),)), Endpoint(provider, "m")))
+        with pytest.raises(TypeError, match=expected):
+            await run_agent(state, RunConfig())

@@ -394,3 +394,45 @@ def test_smaller_messages_and_endpoints_refuse_nonsense_with_clear_errors() -> N
         with pytest.raises(ValueError, match=r"Endpoint\.max_tokens must be a positive whole number"):
             Endpoint("openai", "gpt-4.1", max_tokens=bad)  # type: ignore[arg-type]
     assert Message("user", "").text == "" and Endpoint("openai", "gpt-4.1", max_tokens=1).max_tokens == 1
+
+
+# ------------------------------------------------------------------------------------------
+# Issue 14 item 4: typed tool-message semantics
+# ------------------------------------------------------------------------------------------
+
+
+def test_typed_tool_message_semantics_accessors_and_constructor() -> None:
+    call = ToolCall("c1", "bash", {"command": "ls"})
+    failed = Message.tool_result(call, "exit 2", is_error=True, result_details={"exit_code": 2})
+    assert failed.is_error and failed.tool_name == "bash" and failed.tool_details == {"exit_code": 2}
+    assert failed.tool_call_id == "c1" and failed.role == "tool"
+    # the persisted form is the one every session and sample file already holds
+    assert failed.to_dict() == {
+        "role": "tool",
+        "content": "exit 2",
+        "tool_call_id": "c1",
+        "details": {"tool_name": "bash", "is_error": True, "result": {"exit_code": 2}},
+    }
+    assert Message.from_dict(failed.to_dict()).is_error
+    ok = Message.tool_result(call, "a.txt")
+    assert not ok.is_error and ok.tool_details is None and ok.to_dict()["details"] == {"tool_name": "bash"}
+    assert not Message("user", "hi", details={"is_error": True}).is_error  # only tool messages report errors
+    assert Message("assistant", "x").tool_name is None
+
+
+def test_typed_tool_message_semantics_tool_call_content_is_a_tool_call() -> None:
+    block = ToolCallContent("c1", "add", {"value": 5}, '{"value": 5}')
+    assert isinstance(block, ToolCall)  # one type wraps the other: the five fields are declared once
+    assert [f.name for f in dataclasses.fields(ToolCallContent)] == [
+        *(f.name for f in dataclasses.fields(ToolCall)),
+        "type",
+    ]
+    assert block.to_tool_call() == ToolCall("c1", "add", {"value": 5}, '{"value": 5}')
+    assert ToolCallContent.of(block.to_tool_call()) == block
+    assert block != block.to_tool_call()  # a block is not a plain call (dataclass equality)
+    message = Message("assistant", (block,))
+    assert message.to_dict()["content"] == [
+        {"id": "c1", "name": "add", "arguments": {"value": 5}, "raw_arguments": '{"value": 5}', "type": "tool_call"}
+    ]
+    assert block.to_dict() == {"id": "c1", "name": "add", "arguments": {"value": 5}, "raw_arguments": '{"value": 5}'}
+    assert Message.from_dict(message.to_dict()) == message

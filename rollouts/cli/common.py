@@ -145,8 +145,8 @@ def check_model_available(endpoint: Endpoint, user_modules: bool = False) -> Non
     With `user_modules`, call it after importing them (--score, --prepare): they may define some."""
     if endpoint.provider != "scripted":
         return
-    from rollouts.cli.scripted_models import BUILTIN_SCRIPTED_MODELS
     from rollouts.providers.scripted import get_scripted_model
+    from rollouts.providers.scripted_models import BUILTIN_SCRIPTED_MODELS
 
     try:
         get_scripted_model(endpoint.model)
