@@ -882,3 +882,21 @@ async def test_typed_tool_message_semantics_user_code_contracts_raise_type_error
         state = AgentState(actor=Actor(Trajectory((Message("user", "hi"),)), Endpoint(provider, "m")))
         with pytest.raises(TypeError, match=expected):
             await run_agent(state, RunConfig())
+
+
+async def test_smaller_a_run_stopped_by_a_limit_is_not_recorded_as_completed(tmp_path: Any) -> None:
+    """Issue 13 item 14: a run stopped by max_turns (or a budget) was recorded as `completed`."""
+    from rollouts.store import FileSessionStore, SessionStatus
+
+    store = FileSessionStore(tmp_path)
+    model = ScriptedModel([tool_call("add", value=1), tool_call("add", value=1), "done"])
+    states = await run_agent(_state(model, CalculatorEnvironment()), RunConfig(session_store=store, max_turns=1))
+    assert states[-1].stop == StopReason.MAX_TURNS
+    session, _ = await store.get(states[-1].session_id or "")
+    assert session.status == SessionStatus.MAX_TURNS
+
+    budget = RunConfig(session_store=store, handle_stop=handle_stop_token_budget(1))
+    states = await run_agent(_state(ScriptedModel([tool_call("add", value=1)] * 3), CalculatorEnvironment()), budget)
+    assert states[-1].stop == StopReason.BUDGET_EXCEEDED
+    session, _ = await store.get(states[-1].session_id or "")
+    assert session.status == SessionStatus.BUDGET_EXCEEDED
