@@ -399,6 +399,7 @@ def _session_note(runner: _Runner) -> None:
 
 
 async def _one_shot(runner: _Runner, prompt: str) -> int:
+    final: AgentState | None = None
     with trio.open_signal_receiver(signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             runner.interrupts = _Interrupts(runner.renderer, nursery.cancel_scope)
@@ -412,6 +413,8 @@ async def _one_shot(runner: _Runner, prompt: str) -> int:
             final = await runner.ask(prompt)
             nursery.cancel_scope.cancel()
     _session_note(runner)
+    if final is None:  # a second Ctrl-C left before the cancelled turn had returned
+        return 130
     return _exit_code(final)
 
 
