@@ -22,6 +22,8 @@ from rollouts.providers import MessageBuilder, client_scope, get_provider_functi
 from rollouts.run_config import RunConfig
 from rollouts.store.base import SessionError, SessionStatus, SessionStore
 
+_SCHEDULE_EVERY = 64  # streamed events between two full checkpoints (see run_agent_step)
+
 
 class _Tracker:
     """The latest state of a run in progress and the message being streamed, so an abort can
@@ -218,12 +220,21 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
         builder = MessageBuilder(actor.endpoint.provider, actor.endpoint.model)
         _tracker.builder = builder
 
+    events = 0
+
     async def on_chunk(event: StreamEvent) -> None:
-        # Every streamed event is a cancel point (cheap: it yields only when cancelled).
+        # Every streamed event is a cancel point (cheap: it yields only when cancelled) and every
+        # 64th a full checkpoint, so other tasks and deadlines get to run during a long stream
+        # that never waits on I/O (a full checkpoint per event would double a scripted turn).
+        nonlocal events
         if builder is not None:
             builder.feed(event)
         await user_on_chunk(event)
-        await trio.lowlevel.checkpoint_if_cancelled()
+        events += 1
+        if events % _SCHEDULE_EVERY == 0:
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
 
     try:
         if rc.model_limiter is not None:

@@ -900,3 +900,26 @@ async def test_smaller_a_run_stopped_by_a_limit_is_not_recorded_as_completed(tmp
     assert states[-1].stop == StopReason.BUDGET_EXCEEDED
     session, _ = await store.get(states[-1].session_id or "")
     assert session.status == SessionStatus.BUDGET_EXCEEDED
+
+
+async def test_cancellation_can_be_ignored_another_task_cancels_during_one_long_stream() -> None:
+    """One turn streaming thousands of events without I/O still lets another task run."""
+    text = "x" * 3000
+    model = ScriptedModel([ScriptedReply(text)], chunk_size=1)
+    cs = trio.CancelScope()
+    streaming = trio.Event()
+
+    async def on_chunk(event: StreamEvent) -> None:
+        if isinstance(event, TextDelta):
+            streaming.set()
+
+    async def canceller() -> None:
+        await streaming.wait()
+        cs.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(canceller)
+        states = await run_agent(_state(model), RunConfig(on_chunk=on_chunk, cancel_scope=cs))
+    last = states[-1]
+    assert last.stop == StopReason.ABORTED
+    assert 0 < len(last.messages[-1].text) < len(text)  # cut short mid-stream, not after it
