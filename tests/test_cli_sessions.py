@@ -105,7 +105,7 @@ async def test_ctrl_c_records_the_partial_message(tmp_path: Path) -> None:
     child.sendintr()
     child.expect(pexpect.EOF)
     child.close()
-    assert child.exitstatus == 0
+    assert child.exitstatus == 130  # left with Ctrl-C (issue 13 item 14)
     session, messages = await _read(tmp_path, sid)
     assert session.status == "aborted"
     last = messages[-1]

@@ -28,7 +28,6 @@ from rollouts import (
     ScriptedModel,
     ScriptedReply,
     ScriptedToolCall,
-    TextDelta,
     Tool,
     ToolCall,
     ToolResult,
@@ -40,6 +39,7 @@ from rollouts import (
 from rollouts.errors import AuthenticationError, ConfigurationError, ProviderError
 from rollouts.eval.progress import ProgressBar
 from rollouts.eval.summary import flat_summary, group_samples, summarize, summarize_groups
+from rollouts.events import TextDelta
 from rollouts.providers.scripted import ScriptedRequest
 
 

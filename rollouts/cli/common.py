@@ -7,10 +7,12 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -19,6 +21,10 @@ from rollouts.dtypes import Endpoint
 from rollouts.errors import RolloutsError
 from rollouts.redaction import StreamRedactor
 from rollouts.store.files import DEFAULT_SESSIONS_DIR, SESSIONS_DIR_ENV
+
+if TYPE_CHECKING:
+    from rollouts.environments import Environment
+    from rollouts.store import FileSessionStore
 
 ENVIRONMENTS: dict[str, str] = {
     "basic": "rollouts.environments.basic:BasicEnvironment",
@@ -140,8 +146,8 @@ def check_model_available(endpoint: Endpoint, user_modules: bool = False) -> Non
     With `user_modules`, call it after importing them (--score, --prepare): they may define some."""
     if endpoint.provider != "scripted":
         return
-    from rollouts.cli.scripted_models import BUILTIN_SCRIPTED_MODELS
     from rollouts.providers.scripted import get_scripted_model
+    from rollouts.providers.scripted_models import BUILTIN_SCRIPTED_MODELS
 
     try:
         get_scripted_model(endpoint.model)
@@ -179,7 +185,26 @@ def sessions_dir(args: argparse.Namespace, config: RolloutsConfig) -> Path:
     return Path(str(chosen)).expanduser()
 
 
-def open_session_store(root: Path) -> Any:
+@contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Inside, a SessionRecoveryWarning (the store repaired or skipped crash damage) prints as
+    one line, `rollouts: warning: ...` on stderr, not as Python's warning with a source line."""
+    from rollouts.store import SessionRecoveryWarning
+
+    with warnings.catch_warnings():
+        show = warnings.showwarning
+
+        def show_line(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+            if issubclass(category, SessionRecoveryWarning):
+                print(f"rollouts: warning: {' '.join(str(message).split())}", file=sys.stderr)
+            else:
+                show(message, category, *args, **kwargs)
+
+        warnings.showwarning = show_line
+        yield
+
+
+def open_session_store(root: Path) -> FileSessionStore:
     """The FileSessionStore at `root`."""
     from rollouts.store import FileSessionStore
 
@@ -203,7 +228,7 @@ def environment_class(name: str) -> Any:
         raise CLIError(f"--env {name} is not available in this installation ({target} is missing)") from None
 
 
-async def make_environment(name: str, cwd: str | None = None, *, confirm: bool = True) -> Any:
+async def make_environment(name: str, cwd: str | None = None, *, confirm: bool = True) -> Environment:
     """A fresh environment for `--env name`. coding and git work in `cwd` (git: in a new
     worktree of the repository there); with `confirm`, shell commands and file writes ask first."""
     cls = environment_class(name)

@@ -68,7 +68,7 @@ from rollouts.eval.progress import ProgressBar
 from rollouts.eval.report import EvalReport, ReportStatus, load_report
 from rollouts.eval.sample import Sample, Score
 from rollouts.events import StreamEvent
-from rollouts.providers._clients import client_scope
+from rollouts.providers import client_scope
 from rollouts.run_config import RunConfig
 
 _log = logging.getLogger("rollouts.eval.run")

@@ -41,7 +41,7 @@ from rollouts.gepa.stoppers import (
     ScoreThresholdStopper,
     Stopper,
 )
-from rollouts.providers._clients import client_scope
+from rollouts.providers import client_scope
 
 __all__ = ["optimize"]
 

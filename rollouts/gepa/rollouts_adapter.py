@@ -56,8 +56,8 @@ def _clip(text: str, limit: int) -> str:
 
 def _render_message(m: Message, limit: int) -> str:
     if m.role == "tool":
-        name = (m.details or {}).get("tool_name", "tool")
-        error = " (error)" if (m.details or {}).get("is_error") else ""
+        name = m.tool_name or "tool"
+        error = " (error)" if m.is_error else ""
         return f"[tool result: {name}{error}]\n{_clip(m.text, limit)}"
     parts = []
     for b in m.blocks:

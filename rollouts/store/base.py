@@ -23,6 +23,8 @@ class SessionStatus(enum.StrEnum):
     COMPLETED = "completed"
     ABORTED = "aborted"
     FAILED = "failed"
+    MAX_TURNS = "max_turns"  # stopped by a limit before the agent finished
+    BUDGET_EXCEEDED = "budget_exceeded"
 
 
 class SessionError(RolloutsError):
