@@ -268,6 +268,10 @@ class FileSessionStore:
             session = session.with_updates(environment_state=env)
         return session, messages
 
+    async def metadata(self, session_id: str) -> AgentSession:
+        """The session's metadata as stored (its messages are not read)."""
+        return await trio.to_thread.run_sync(self._read_meta, session_id)
+
     async def messages(self, session_id: str, limit: int | None = None) -> builtins.list[Message]:
         """The first `limit` messages of the session's history (all if None), e.g. for a preview."""
         if limit is not None and limit < 0:
