@@ -17,6 +17,7 @@ from rollouts import Endpoint, ImageContent, Message, TextContent, ThinkingConte
 from rollouts.store import (
     AgentSession,
     FileSessionStore,
+    SessionConflictError,
     SessionCorruptError,
     SessionError,
     SessionNotFoundError,
@@ -336,3 +337,71 @@ async def test_no_key_in_any_file_and_the_protocol_holds(tmp_path: Path, monkeyp
     assert FileSessionStore(tmp_path / "explicit").root == tmp_path / "explicit"
     monkeypatch.delenv("ROLLOUTS_SESSIONS_DIR")
     assert FileSessionStore().root == Path("~/.rollouts/sessions").expanduser()
+
+
+async def test_item5_an_append_conditional_on_the_count_writes_nothing_when_the_session_grew(tmp_path: Path) -> None:
+    store = FileSessionStore(tmp_path)
+    other = FileSessionStore(tmp_path)  # another writer (its own tail cache), as another process
+    parent = await _session_with(store, _conversation(4))
+    b = await store.branch(parent.session_id, 2)  # counts include the 2 messages read through the parent
+    sid = b.session_id
+    await store.append_message(sid, Message("user", "one"), expected_count=2)
+    await store.append_messages(sid, [Message("assistant", "two"), Message("user", "three")], expected_count=3)
+    await other.append_message(sid, Message("user", "from elsewhere"), expected_count=5)
+    log = tmp_path / sid / "messages.jsonl"
+    before = log.read_bytes()
+    for stale in (5, 2, 9):
+        with pytest.raises(SessionConflictError, match=rf"now holds 6 messages, not the {stale} this append expected"):
+            await store.append_message(sid, Message("assistant", "stale"), expected_count=stale)
+        with pytest.raises(SessionConflictError):
+            await store.append_messages(sid, [Message("assistant", "a"), Message("user", "b")], expected_count=stale)
+    assert log.read_bytes() == before
+    await store.update(sid, environment_state={"k": 1})  # a snapshot line is not a message
+    await store.append_message(sid, Message("assistant", "four"), expected_count=6)
+    await store.append_message(sid, Message("user", "unconditional"))
+    got = [m.text for m in (await store.get(sid))[1]]
+    assert got[2:] == ["one", "two", "three", "from elsewhere", "four", "unconditional"]
+    assert await store.message_count(sid) == 8
+
+
+async def test_item19_append_messages_is_one_write_and_keeps_fsync_every(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    writes: list[int] = []
+    real_fsync, real_write = os.fsync, os.write
+
+    def is_log(fd: int) -> bool:
+        return os.readlink(f"/proc/self/fd/{fd}").endswith("messages.jsonl")
+
+    def counting_fsync(fd: int) -> None:
+        if is_log(fd):
+            synced.append(fd)
+        real_fsync(fd)
+
+    def counting_write(fd: int, data: bytes) -> int:  # type: ignore[override]
+        if is_log(fd):
+            writes.append(bytes(data).count(b"\n"))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    monkeypatch.setattr(os, "write", counting_write)
+    batches = (2, 3, 1, 4)  # 10 messages
+    # a batch is fsynced when it brings the unsynced messages to fsync_every or more: never more
+    # than fsync_every - 1 acknowledged messages wait for an fsync, as with one message at a time
+    for every, expected_syncs, at_close in ((1, 4, 0), (3, 2, 0), (4, 2, 0), (6, 1, 1), (0, 0, 1)):
+        async with FileSessionStore(tmp_path, fsync_every=every) as store:
+            s = await store.create(endpoint=EP)
+            synced.clear()
+            writes.clear()
+            n = 0
+            for size in batches:
+                batch = [Message("user", f"{n + i}") for i in range(size)]
+                await store.append_messages(s.session_id, batch, environment_state={"n": n + size})
+                n += size
+            assert writes == list(batches), every  # one write per batch, whole lines
+            assert len(synced) == expected_syncs, every
+            synced.clear()
+        assert len(synced) == at_close, every
+        session, got = await store.get(s.session_id)
+        assert [m.text for m in got] == [str(i) for i in range(10)] and session.environment_state == {"n": 10}
