@@ -24,6 +24,7 @@ from rollouts.store import (
     SessionRecoveryWarning,
     SessionStatus,
     SessionStore,
+    _log,
     new_session_id,
 )
 
@@ -405,3 +406,37 @@ async def test_item19_append_messages_is_one_write_and_keeps_fsync_every(
         assert len(synced) == at_close, every
         session, got = await store.get(s.session_id)
         assert [m.text for m in got] == [str(i) for i in range(10)] and session.environment_state == {"n": 10}
+
+
+def test_item19_the_fast_codec_gives_exactly_what_to_dict_and_from_dict_give() -> None:
+    from rollouts.store._codec import message_from_dict, message_to_dict
+
+    extra = [
+        Message("assistant", (TextContent(""),), usage=Usage()),  # an all-zero usage is falsy: None
+        Message("assistant", ""),
+        Message("user", (ImageContent(url="https://x/y.png"), TextContent("and this?"))),
+        Message("tool", "out", tool_call_id="c1", details={"tool_name": "bash", "result": {"exit": [1, 2]}}),
+    ]
+    for m in [*_conversation(9), *extra]:
+        assert json.dumps(message_to_dict(m)) == json.dumps(m.to_dict())  # same keys, same order
+        line = _log.encode_message(m)
+        fast, slow = message_from_dict(json.loads(line)), Message.from_dict(json.loads(line))
+        assert fast == slow and repr(fast) == repr(slow) and hash(fast.role) == hash(slow.role)
+        assert fast.to_dict() == slow.to_dict() and _log.encode_message(fast) == line
+        assert [type(b) for b in fast.blocks] == [type(b) for b in slow.blocks]
+    # the same leniency and the same errors as Message.from_dict
+    assert message_from_dict({"role": "user", "future_field": 1}) == Message.from_dict(
+        {"role": "user", "future_field": 1}
+    )
+    assert message_from_dict({"role": "user", "content": None}) == Message("user", "")
+    for bad, error in (
+        ({"content": "no role"}, TypeError),
+        ({"role": "wizard", "content": "x"}, ValueError),
+        ({"role": "tool", "content": "no call id"}, ValueError),
+        ({"role": "user", "content": [{"type": "video"}]}, ValueError),
+        ({"role": "user", "content": [{"type": "text", "text": "x", "bold": True}]}, TypeError),
+        ({"role": "user", "content": [{"type": "image"}]}, ValueError),
+        ({"role": "user", "content": ["just a string"]}, ValueError),
+    ):
+        with pytest.raises(error):
+            message_from_dict(bad)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rollouts.dtypes import Message
+from rollouts.store._codec import dumps, message_from_dict, message_to_dict, paused_gc
 from rollouts.store.base import SessionCorruptError, SessionError, SessionRecoveryWarning
 
 MESSAGE_PREFIX = b'{"role"'
@@ -41,23 +42,19 @@ DIR_MODE = 0o700
 _TAIL_CHUNK = 1 << 16
 
 
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
 def encode_message(message: Message, environment_state: Mapping[str, Any] | None = None) -> bytes:
     """The log line (with its newline) for `message`, carrying `environment_state` if given."""
-    d = message.to_dict()
+    d = message_to_dict(message)
     assert ENV_KEY not in d, "Message.to_dict must not use the log's reserved key"
     if environment_state is not None:
-        d[ENV_KEY] = dict(environment_state)
-    line = _dumps(d)
+        d[ENV_KEY] = environment_state
+    line = dumps(d).encode("utf-8")
     assert line.startswith(MESSAGE_PREFIX), "Message.to_dict must start with 'role'"
     return line + b"\n"
 
 
 def encode_snapshot(environment_state: Mapping[str, Any]) -> bytes:
-    line = _dumps({ENV_KEY: dict(environment_state)})
+    line = dumps({ENV_KEY: environment_state}).encode("utf-8")
     assert line.startswith(SNAPSHOT_PREFIX)
     return line + b"\n"
 
@@ -343,29 +340,27 @@ def read_log(path: Path, limit: int | None = None) -> LogContents:
     body = _complete_lines(path)
     if limit is not None:
         body = _prefix(body, limit)
-    dicts: list[dict[str, Any]] = []
+    messages: list[Message] = []
     env: dict[str, Any] | None = None
     env_at: int | None = None
-    for i, record in enumerate(_records(path, body)):
-        if not isinstance(record, dict):
-            raise _corrupt(path, i + 1, "not a JSON object")
-        if "role" in record:
-            state = record.pop(ENV_KEY, None)
-            dicts.append(record)
-        elif ENV_KEY in record and len(record) == 1:
-            state = record[ENV_KEY]
-        else:
-            raise _corrupt(path, i + 1, "not a message or an environment snapshot")
-        if state is not None:
-            if not isinstance(state, dict):
-                raise _corrupt(path, i + 1, "an environment state that is not a JSON object")
-            env, env_at = state, len(dicts)  # positions only grow along the file
-    try:
-        messages = [Message.from_dict(d) for d in dicts]
-    except (KeyError, TypeError, ValueError) as e:
-        raise SessionCorruptError(
-            f"{path}: a line is not a valid message ({e}); restore the file from a backup"
-        ) from None
+    with paused_gc():
+        for i, record in enumerate(_records(path, body)):
+            if type(record) is not dict:
+                raise _corrupt(path, i + 1, "not a JSON object")
+            if "role" in record:
+                state = record.pop(ENV_KEY, None)
+                try:
+                    messages.append(message_from_dict(record))
+                except (KeyError, TypeError, ValueError) as e:
+                    raise _corrupt(path, i + 1, f"not a valid message ({e})") from None
+            elif ENV_KEY in record and len(record) == 1:
+                state = record[ENV_KEY]
+            else:
+                raise _corrupt(path, i + 1, "not a message or an environment snapshot")
+            if state is not None:
+                if type(state) is not dict:
+                    raise _corrupt(path, i + 1, "an environment state that is not a JSON object")
+                env, env_at = state, len(messages)  # positions only grow along the file
     return LogContents(messages, env, env_at)
 
 
