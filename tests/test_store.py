@@ -440,3 +440,25 @@ def test_item19_the_fast_codec_gives_exactly_what_to_dict_and_from_dict_give() -
     ):
         with pytest.raises(error):
             message_from_dict(bad)
+
+
+async def test_item19_appends_write_on_the_loop_and_only_the_fsync_goes_to_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hops: list[str] = []
+    real = trio.to_thread.run_sync
+
+    async def counting(fn, *args, **kw):  # type: ignore[no-untyped-def]
+        hops.append(getattr(fn, "__name__", "?"))
+        return await real(fn, *args, **kw)
+
+    for every, expected in ((0, []), (5, ["fsync_file", "fsync_file"])):
+        store = FileSessionStore(tmp_path, fsync_every=every)
+        sid = (await store.create(endpoint=EP)).session_id
+        monkeypatch.setattr(trio.to_thread, "run_sync", counting)
+        hops.clear()
+        for i in range(10):  # conditional, as the agent loop appends
+            await store.append_message(sid, Message("user", str(i)), expected_count=i)
+        assert hops == expected, every
+        monkeypatch.setattr(trio.to_thread, "run_sync", real)
+        assert len((await store.get(sid))[1]) == 10

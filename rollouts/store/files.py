@@ -256,8 +256,11 @@ class FileSessionStore:
             if session.environment_state is not None:
                 os.write(fd, _log.encode_snapshot(session.environment_state))
             os.fsync(fd)
+            st = os.fstat(fd)
         finally:
             os.close(fd)
+        # this store knows the new log: its first conditional append needs no reading
+        self._remember(session_id, _log.Tail(st.st_ino, st.st_size, 0), session.branch_point or 0)
         # session.json last: a directory without it is an incomplete creation, never a session
         _log.write_json_atomic(directory / _META, session.to_dict())
         _log.fsync_dir(self.root)
@@ -361,15 +364,22 @@ class FileSessionStore:
                 "from its latest message"
             ) from None
         assert new is not None
-        if len(self._tails) >= _PATH_CACHE:
-            self._tails.clear()
-        self._tails[session_id] = new
+        self._remember(session_id, new)
         if sync:  # the line is written: make it durable whatever is cancelled meanwhile
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(_log.fsync_file, path)
             unsynced = 0
         self._unsynced[session_id] = unsynced
         await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def _remember(self, session_id: str, tail: _log.Tail, base: int | None = None) -> None:
+        if len(self._tails) >= _PATH_CACHE:
+            self._tails.clear()
+        self._tails[session_id] = tail
+        if base is not None:
+            if len(self._bases) >= _PATH_CACHE:
+                self._bases.clear()
+            self._bases[session_id] = base
 
     def _base_sync(self, session_id: str) -> int:
         """How many messages the session reads through its parent (its branch point), cached."""
