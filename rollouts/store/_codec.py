@@ -40,55 +40,59 @@ from rollouts.dtypes import (
 )
 
 
-def _builder(cls: type) -> Callable[[dict[str, Any]], Any]:
-    """A function making `cls(**data)` (same checks, same result) without its `__init__`: `data`
-    (a dict just parsed, owned by the caller) becomes the object's `__dict__`. A field it lacks
-    reads the class's default, as dataclass fields with a default are class attributes."""
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """What building `cls` from a parsed dict needs: its field names, the required ones, its
+    `__post_init__`, and whether its `__init__` may be bypassed (no slots, no default factory,
+    every default readable as a class attribute, as dataclasses make them)."""
+
+    cls: type
+    names: frozenset[str]
+    required: frozenset[str]
+    post_init: Callable[[Any], None] | None
+    fast: bool
+
+
+def _shape(cls: type) -> _Shape:
     fields = dataclasses.fields(cls)
-    names = frozenset(f.name for f in fields)
     required = frozenset(f.name for f in fields if f.default is dataclasses.MISSING)
-    if (
+    fast = not (
         any(not f.init or f.default_factory is not dataclasses.MISSING for f in fields)
         or "__slots__" in vars(cls)
         or any(getattr(cls, f.name, None) != f.default for f in fields if f.name not in required)
-    ):
-        return lambda data: cls(**data)  # not safe to bypass: the constructor itself
-    post_init = getattr(cls, "__post_init__", None)
-    new = object.__new__
-    set_attr = object.__setattr__
-
-    def build(data: dict[str, Any]) -> Any:
-        keys = data.keys()
-        if not keys <= names or not required <= keys:
-            return cls(**data)  # the constructor raises the TypeError naming the key
-        obj: Any = new(cls)
-        set_attr(obj, "__dict__", data)
-        if post_init is not None:
-            post_init(obj)
-        return obj
-
-    return build
+    )
+    return _Shape(cls, frozenset(f.name for f in fields), required, getattr(cls, "__post_init__", None), fast)
 
 
-_BLOCKS: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "text": _builder(TextContent),
-    "thinking": _builder(ThinkingContent),
-    "tool_call": _builder(ToolCallContent),
-    "image": _builder(ImageContent),
-}
-_usage = _builder(Usage)
-_message = _builder(Message)
-_MESSAGE_FIELDS = frozenset(f.name for f in dataclasses.fields(Message))
+_new = object.__new__
+_set = object.__setattr__
+_BLOCKS = {"text": _shape(TextContent), "thinking": _shape(ThinkingContent)}
+_BLOCKS |= {"tool_call": _shape(ToolCallContent), "image": _shape(ImageContent)}
+_USAGE = _shape(Usage)
+_MESSAGE = _shape(Message)
 
 
-def _block(data: dict[str, Any]) -> ContentBlock:
+def _build(shape: _Shape, data: dict[str, Any]) -> Any:
+    """`shape.cls(**data)` with `data` as the new object's `__dict__` (a field it lacks reads
+    the class default), then the class's own `__post_init__`. Anything unusual (an unknown or
+    missing key) goes through the constructor, which raises the TypeError naming it."""
+    keys = data.keys()
+    if not shape.fast or not keys <= shape.names or not shape.required <= keys:
+        return shape.cls(**data)
+    obj: Any = _new(shape.cls)
+    _set(obj, "__dict__", data)
+    if shape.post_init is not None:
+        shape.post_init(obj)
+    return obj
+
+
+def _block(data: Any) -> ContentBlock:
     if type(data) is not dict:
         raise ValueError(f"a content block must be a JSON object, got {data!r:.80}")
-    try:
-        build = _BLOCKS[data["type"]]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown content block type {data.get('type')!r}") from None
-    block: ContentBlock = build(data)
+    shape = _BLOCKS.get(data.get("type"))  # type: ignore[arg-type]
+    if shape is None:
+        raise ValueError(f"unknown content block type {data.get('type')!r}")
+    block: ContentBlock = _build(shape, data)
     return block
 
 
@@ -96,8 +100,11 @@ def message_from_dict(data: dict[str, Any]) -> Message:
     """`Message.from_dict(data)`, fast, for a dict parsed from a log line: `data` and the dicts
     in it are taken over (not copied), so the caller must not use them afterwards. Like
     `Message.from_dict`, keys that are not Message fields are ignored (a newer writer's)."""
-    if not data.keys() <= _MESSAGE_FIELDS:
-        data = {k: v for k, v in data.items() if k in _MESSAGE_FIELDS}
+    shape = _MESSAGE
+    keys = data.keys()
+    if not keys <= shape.names:
+        data = {k: v for k, v in data.items() if k in shape.names}
+        keys = data.keys()
     raw = data.get("content")
     if raw is None:
         data["content"] = ""
@@ -105,8 +112,13 @@ def message_from_dict(data: dict[str, Any]) -> Message:
         data["content"] = tuple([_block(b) for b in raw])
     usage = data.get("usage")
     if usage is not None:
-        data["usage"] = _usage(usage) if usage else None
-    message: Message = _message(data)
+        data["usage"] = _build(_USAGE, usage) if usage else None
+    if not shape.fast or "role" not in keys:
+        return Message(**data)  # the constructor's own errors
+    message: Message = _new(Message)
+    _set(message, "__dict__", data)
+    if shape.post_init is not None:
+        shape.post_init(message)
     return message
 
 
