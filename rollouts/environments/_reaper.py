@@ -19,15 +19,16 @@ Not covered: the caller itself being SIGKILLed (`PR_SET_PDEATHSIG` cannot stand 
 when the *thread* that started this process exits, and trio starts processes from a worker
 thread that is later retired).
 
-It is a script run with `-I -S` (no site, no rollouts import: about 10 ms to start) and uses
-only the standard library. Where prctl is unavailable it still runs the command and kills what
+It is a script run with `-I -S` (no site, no rollouts import) and uses only the standard
+library's C modules where the Python ones import more (`_signal`, `_ctypes`), so it starts in
+about the time of a bare interpreter. Where prctl is unavailable it still runs the command and kills what
 it finds among its descendants, as before (the group kill by the caller remains as a backstop).
 """
 
 from __future__ import annotations
 
+import _signal as signal  # the C module: `signal` imports enum, which costs more than the rest
 import os
-import signal
 import sys
 import time
 
