@@ -367,9 +367,12 @@ async def _run_loop(states: list[AgentState], rc: RunConfig, tracker: _Tracker) 
             if rc.session_store is not None and tracker.state.session_id is not None:
                 if _is_cancellation(exc):
                     aborted, partial = _aborted(tracker)
-                    if partial is not None:
-                        await _record(rc, aborted, (partial,))
-                    await _finish_session(rc, tracker.state, SessionStatus.ABORTED)
+                    try:
+                        if partial is not None:
+                            await _record(rc, aborted, (partial,))
+                        await _finish_session(rc, tracker.state, SessionStatus.ABORTED)
+                    except SessionConflictError:
+                        pass  # another run continued the session: not ours to mark; cancellation goes on
                 elif not isinstance(exc, SessionConflictError):  # the session is another run's now
                     await rc.session_store.update(tracker.state.session_id, status=SessionStatus.FAILED)
         raise
