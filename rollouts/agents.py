@@ -20,7 +20,7 @@ from rollouts.errors import AuthenticationError, ContextTooLongError, ProviderEr
 from rollouts.events import OnChunk, StreamEvent, ToolExecutionStart, ToolResultReceived
 from rollouts.providers import MessageBuilder, client_scope, get_provider_function
 from rollouts.run_config import RunConfig
-from rollouts.store.base import SessionError, SessionStatus, SessionStore
+from rollouts.store.base import SessionConflictError, SessionStatus, SessionStore
 
 _SCHEDULE_EVERY = 64  # streamed events between two full checkpoints (see run_agent_step)
 
@@ -73,11 +73,19 @@ async def _record(
     """Append messages that are already part of `state` to its session. Shielded: a message the
     state holds is always recorded, so the session and the state never disagree.
     `environment_state` (the environment after the last message) goes with the last one."""
-    if rc.session_store is not None and state.session_id is not None:
+    if rc.session_store is not None and state.session_id is not None and messages:
+        # conditional on the session holding exactly what precedes them: if another process
+        # continued the same session meanwhile, SessionConflictError ends this run, nothing lost
+        expected = len(state.messages) - len(messages)
         with trio.CancelScope(shield=True):
-            for i, m in enumerate(messages):
-                env = environment_state if i == len(messages) - 1 else None
-                await rc.session_store.append_message(state.session_id, m, environment_state=env)
+            if len(messages) == 1:
+                await rc.session_store.append_message(
+                    state.session_id, messages[0], environment_state=environment_state, expected_count=expected
+                )
+            else:
+                await rc.session_store.append_messages(
+                    state.session_id, messages, environment_state=environment_state, expected_count=expected
+                )
 
 
 async def _record_added(rc: RunConfig, before: AgentState, after: AgentState) -> None:
@@ -273,19 +281,37 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
     return evolve(state, turn_idx=state.turn_idx + 1)
 
 
+def _same_message(a: Message, b: Message) -> bool:
+    """Whether two messages are the same recorded message (by role, time and call id; by text
+    when they carry no timestamp)."""
+    if (a.role, a.timestamp, a.tool_call_id) != (b.role, b.timestamp, b.tool_call_id):
+        return False
+    return bool(a.timestamp) or a.text == b.text
+
+
 async def _continue_session(state: AgentState, store: SessionStore) -> None:
     """A resumed run: record the messages the state has beyond the session's (e.g. a new user
-    message), never those it already holds, and mark the session running."""
+    message), never those it already holds, and mark the session running. If another process
+    continued the session since this state was read, SessionConflictError: nothing is appended."""
     assert state.session_id is not None
     stored = await store.message_count(state.session_id)
     if len(state.messages) < stored:
-        raise SessionError(
+        raise SessionConflictError(
             f"the state has {len(state.messages)} messages but session {state.session_id} has {stored}: "
             f"it is behind the session; continue from resume_session(store, {state.session_id!r})"
         )
-    with trio.CancelScope(shield=True):
-        for m in state.messages[stored:]:
-            await store.append_message(state.session_id, m)
+    if stored:
+        _, recorded = await store.get(state.session_id)
+        if len(recorded) != stored or not _same_message(recorded[-1], state.messages[stored - 1]):
+            raise SessionConflictError(
+                f"session {state.session_id} was continued elsewhere since this state was read (its message "
+                f"{stored} is not this state's); nothing was recorded. Continue from "
+                f"resume_session(store, {state.session_id!r})"
+            )
+    new = state.messages[stored:]
+    if new:
+        with trio.CancelScope(shield=True):
+            await store.append_messages(state.session_id, new, expected_count=stored)
     env = state.environment
     await store.update(
         state.session_id,
@@ -389,10 +415,13 @@ async def _run_loop(states: list[AgentState], rc: RunConfig, tracker: _Tracker) 
             if rc.session_store is not None and tracker.state.session_id is not None:
                 if _is_cancellation(exc):
                     aborted, partial = _aborted(tracker)
-                    if partial is not None:
-                        await _record(rc, aborted, (partial,))
-                    await _finish_session(rc, tracker.state, SessionStatus.ABORTED)
-                else:
+                    try:
+                        if partial is not None:
+                            await _record(rc, aborted, (partial,))
+                        await _finish_session(rc, tracker.state, SessionStatus.ABORTED)
+                    except SessionConflictError:
+                        pass  # another run continued the session: not ours to mark; cancellation goes on
+                elif not isinstance(exc, SessionConflictError):  # the session is another run's now
                     await rc.session_store.update(tracker.state.session_id, status=SessionStatus.FAILED)
         raise
     # The run is over: its outcome is recorded even if a cancellation arrives meanwhile.

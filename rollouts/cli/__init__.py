@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import atexit
 import importlib
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from rollouts.cli.common import (
@@ -127,6 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        # Started with SIGINT ignored (a background job of a non-interactive shell, some CI
+        # runners): Ctrl-C / `kill -INT` still means "stop cleanly, keep what is done", as it does
+        # once the commands' own SIGINT receivers are installed (they override SIG_IGN anyway).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         # before parsing too: argparse repeats arguments it does not know (`--apikey $KEY`)
         _guard_output(key_variable_names())

@@ -269,8 +269,7 @@ async def _close_unanswered(state: AgentState, store: SessionStore | None) -> Ag
     state = replace(state.with_messages(*added), pending_tool_calls=(), next_tool_idx=0)
     if added and store is not None and state.session_id is not None:
         with trio.CancelScope(shield=True):
-            for m in added:
-                await store.append_message(state.session_id, m)
+            await store.append_messages(state.session_id, added, expected_count=len(state.messages) - len(added))
     return state
 
 
@@ -342,7 +341,8 @@ class _Runner:
             if self.json_out is not None:
                 self.json_out.record(UserMessage(text))
             if self.store is not None and state.session_id is not None:
-                await self.store.append_message(state.session_id, message)
+                # conditional: if another process continued this session, SessionConflictError
+                await self.store.append_message(state.session_id, message, expected_count=len(state.messages) - 1)
         scope = trio.CancelScope()
         if self.interrupts is not None:
             self.interrupts.turn_scope = scope
