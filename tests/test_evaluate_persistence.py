@@ -161,7 +161,7 @@ async def test_resume_counts_model_calls_exactly(tmp_path: Path) -> None:
     assert read_sample_log(tmp_path / "samples.jsonl")["4"].status == "completed"
 
     calls.clear()
-    r3 = await evaluate(rows, _config(model, tmp_path))
+    r3 = await evaluate(rows, _config(model, tmp_path, score_fn=score))  # (same settings: all reused)
     assert calls == [] and r3.reused == 15
 
 

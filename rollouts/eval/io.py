@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -121,9 +122,31 @@ def _redact_url(text: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+def dumps_json(data: Any, **kwargs: Any) -> str:
+    """`json.dumps` that always writes valid JSON: values JSON cannot encode become strings and
+    NaN/Infinity (which `json` would write as bare, invalid tokens) become null. (A Metric
+    refuses a non-finite value, so this only concerns free-form metadata.)"""
+    kwargs.setdefault("ensure_ascii", False)
+    try:
+        return json.dumps(data, allow_nan=False, default=str, **kwargs)
+    except ValueError:
+        return json.dumps(finite_json(data), allow_nan=False, default=str, **kwargs)
+
+
+def finite_json(value: Any) -> Any:
+    """A copy of `value` with NaN and infinite floats replaced by None (recursing into dicts/lists)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value
+
+
 def sample_to_line(sample: Sample) -> str:
-    """One JSON line (with trailing newline). Values JSON cannot encode are written as strings."""
-    return json.dumps(sample.to_dict(), ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
+    """One JSON line (with trailing newline), always valid JSON (see `dumps_json`)."""
+    return dumps_json(sample.to_dict(), separators=(",", ":")) + "\n"
 
 
 class SampleLog:
@@ -215,8 +238,7 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
         with tmp.open("w", encoding="utf-8") as f:
-            json.dump(data, f, ensure_ascii=False, indent=2, default=str)
-            f.write("\n")
+            f.write(dumps_json(data, indent=2) + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)

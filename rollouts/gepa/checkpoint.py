@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import trio
 
-from rollouts.eval.io import read_json, write_json_atomic
+from rollouts.eval.io import dumps_json, read_json, write_json_atomic
 from rollouts.gepa.state import GEPAState
 
 __all__ = [
@@ -88,7 +88,7 @@ class JsonlLog:
 
     def append(self, record: Mapping[str, Any]) -> None:
         assert self._f is not None, "JsonlLog.append after close"
-        self._f.write(json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n")
+        self._f.write(dumps_json(record, separators=(",", ":")) + "\n")
         self._f.flush()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

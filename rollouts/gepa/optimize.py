@@ -59,6 +59,14 @@ def _digest(rows: Sequence[Mapping[str, Any]]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _task_fingerprint(adapter: GEPAAdapter) -> dict[str, Any]:
+    """The task's fingerprint (endpoint, environment, max_turns, score function) for a
+    RolloutsAdapter: a run_dir made with another task is refused at once, by name."""
+    if not isinstance(adapter, RolloutsAdapter):
+        return {}
+    return {f"task.{k}": v for k, v in adapter.config.fingerprint.to_dict().items()}
+
+
 def _unwrap(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
     """The one real error inside nested exception groups (cancellations aside), else the group."""
     leaves: list[BaseException] = []
@@ -177,7 +185,7 @@ async def optimize(
             reflection_endpoint=reflection_endpoint,
             run_dir=out,
             callbacks=all_callbacks,
-            data_fingerprint={"trainset": _digest(train), "valset": _digest(val)},
+            data_fingerprint={"trainset": _digest(train), "valset": _digest(val), **_task_fingerprint(the_adapter)},
         )
         try:
             async with client_scope():
