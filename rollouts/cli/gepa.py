@@ -57,8 +57,9 @@ the messages --prepare makes, or tool descriptions named tool:NAME.
 
 results: --output DIR (default: <results dir>/gepa-<dataset>-<model>): state.json (checkpoint),
 rollouts.jsonl, reflections.jsonl, result.json, best_candidate.json and best_<component>.txt.
-Running the same command again resumes. `touch DIR/STOP` (or --stop-file) stops after the
-iteration in flight; Ctrl-C stops at once; both keep the best prompt so far.
+Running the same command again resumes (with a --budget at least what was spent). `touch DIR/STOP`
+(or --stop-file) stops after the iteration in flight (the next run removes it at its start, and
+says so); Ctrl-C stops at once; both keep the best prompt so far.
 
 exit status: 0 finished, 2 usage or configuration error, 130 interrupted by Ctrl-C.
 """
