@@ -238,13 +238,38 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
         with tmp.open("w", encoding="utf-8") as f:
-            f.write(dumps_json(data, indent=2) + "\n")
+            try:  # streamed to the file (json.dump), not built as one string first
+                json.dump(data, f, ensure_ascii=False, indent=2, default=str, allow_nan=False)
+            except ValueError:  # a NaN/Infinity somewhere: written as null (see dumps_json)
+                f.seek(0)
+                f.truncate()
+                json.dump(finite_json(data), f, ensure_ascii=False, indent=2, default=str, allow_nan=False)
+            f.write("\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+class StreamedList(list):  # type: ignore[type-arg]
+    """A list `json.dump` writes item by item from `items` (re-iterable), without holding them:
+    report.json's 100,000 sample ids need not be a 100,000-string list at the end of a run.
+    Only for writing (it compares as an empty list)."""
+
+    def __init__(self, items: Any) -> None:
+        super().__init__()
+        self._items = items
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return len(self._items) > 0
 
 
 def read_json(path: str | Path) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar, overload
@@ -75,7 +75,7 @@ class EvalReport:
     reused: int = 0
     error: str | None = None
     output_dir: str | None = None
-    sample_ids: tuple[str, ...] | None = None  # in dataset order (default: the samples' ids)
+    sample_ids: Sequence[str] | None = None  # in dataset order (default: the samples' ids)
     rescored: int = 0  # recorded samples scored again (EvalConfig.rescore)
 
     @property
@@ -84,7 +84,7 @@ class EvalReport:
         return flat_summary(self.summary)
 
     @property
-    def ids(self) -> tuple[str, ...]:
+    def ids(self) -> Sequence[str]:
         """The sample ids in dataset order (without reading the samples)."""
         return self.sample_ids if self.sample_ids is not None else tuple(s.id for s in self.samples)
 
@@ -104,8 +104,9 @@ class EvalReport:
         """A short human-readable summary."""
         return f"{self.eval_name} [{self.status}] in {self.duration_s:.2f}s\n{format_summary(self.summary)}"
 
-    def to_dict(self, include_samples: bool = False) -> dict[str, Any]:
-        """What report.json holds (sample ids only, unless `include_samples`)."""
+    def to_dict(self, include_samples: bool = False, include_ids: bool = True) -> dict[str, Any]:
+        """What report.json holds (sample ids only, unless `include_samples`; no ids either with
+        `include_ids=False`)."""
         d: dict[str, Any] = {
             "eval_name": self.eval_name,
             "status": self.status,
@@ -118,8 +119,9 @@ class EvalReport:
             "output_dir": self.output_dir,
             "config": dict(self.config),
             "summary": dict(self.summary),
-            "sample_ids": list(self.ids),
         }
+        if include_ids:
+            d["sample_ids"] = list(self.ids)
         if include_samples:
             d["samples"] = [s.to_dict() for s in self.samples]
         return d

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,8 @@ from rollouts.eval.config import (
     default_prepare_messages,
 )
 from rollouts.eval.fingerprint import messages_hash
-from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, SampleLog, write_json_atomic
+from rollouts.eval.ids import SampleIds
+from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, SampleLog, StreamedList, write_json_atomic
 from rollouts.eval.progress import ProgressBar
 from rollouts.eval.report import EvalReport, ReportStatus, load_report, read_samples
 from rollouts.eval.resume import PreviousSamples, check_report, remove_previous
@@ -169,8 +170,7 @@ class _Run:
     log: SampleLog | None
     previous: PreviousSamples | None
     summary: SummaryBuilder | None = None  # accumulated as samples finish when they are not kept
-    order: list[str] = field(default_factory=list)
-    seen: set[str] = field(default_factory=set)
+    order: SampleIds = field(default_factory=SampleIds)
     results: dict[str, Sample] | None = None
     reused: int = 0
     rescored: int = 0
@@ -198,19 +198,14 @@ class _Run:
                 "(for a pandas DataFrame pass df.to_dict('records'))"
             )
         sid = sample_id_for(row, index)
-        if sid in self.seen:
-            raise ConfigurationError(
-                f"dataset rows {self.order.index(sid)} and {index} have the same id {sid!r}; "
-                "sample ids must be unique (remove the 'id' field to use row indices)"
-            )
-        self.seen.add(sid)
-        self.order.append(sid)
+        self.order.add(index, sid, explicit=sid != str(index))
         self.in_flight.add(sid)
         return sid
 
     def report(self, status: ReportStatus, error: str | None, started_at: str, t0: float) -> EvalReport:
-        order, out = tuple(self.order), self.out
+        order, out = self.order, self.out
         samples: Any
+        ids: Sequence[str]
         summary: Any = None  # kept samples: summarize(samples) when first read (GEPA's minibatches never do)
         if self.results is not None:
             results = self.results
@@ -238,7 +233,7 @@ class _Run:
             rescored=self.rescored,
         )
 
-    def _finished_ids(self, order: tuple[str, ...]) -> tuple[str, ...]:
+    def _finished_ids(self, order: SampleIds) -> tuple[str, ...]:
         # A cancelled run: the rows admitted but not finished are left out of the report.
         return tuple(sid for sid in order if sid not in self.in_flight)
 
@@ -350,7 +345,9 @@ async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
             log.close()
         report = run.report(status, error, started_at, t0)
         if out is not None:
-            write_json_atomic(out / REPORT_FILE, report.to_dict())
+            data = report.to_dict(include_ids=False)
+            data["sample_ids"] = StreamedList(report.ids)  # (written one by one: flat at 100,000 rows)
+            write_json_atomic(out / REPORT_FILE, data)
         return report
 
     status: ReportStatus = "failed"
