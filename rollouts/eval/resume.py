@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,14 +37,14 @@ class ResumeMismatch(ConfigurationError):
     """Recorded samples were made under other settings than the current ones."""
 
 
-def input_digest(row: Mapping[str, Any]) -> str:
+def input_digest(row: Mapping[str, Any]) -> bytes:
     """A digest of a row as it is written to samples.jsonl (so a recorded input compares equal)."""
     try:
         data = json.loads(json.dumps(dict(row), default=str))
     except (TypeError, ValueError):
         data = repr(row)
     text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+    return hashlib.sha256(text.encode("utf-8")).digest()[:12]
 
 
 def remove_previous(out: Path) -> None:
@@ -108,11 +109,17 @@ def check_report(out: Path, config: EvalConfig) -> None:
             raise mismatch_error(out, parts, "results")
 
 
-@dataclass(frozen=True)
 class _Recorded:
-    offset: int
-    input: str
-    fingerprint: Fingerprint | None
+    """One recorded sample in the index: small (slots, a 12-byte input digest, the task-level
+    fingerprint shared between records), so resuming 100,000 samples stays cheap."""
+
+    __slots__ = ("fingerprint", "input", "messages", "offset")
+
+    def __init__(self, offset: int, input: bytes, fingerprint: Fingerprint | None, messages: str | None) -> None:
+        self.offset = offset
+        self.input = input
+        self.fingerprint = fingerprint  # task level (messages=None), one instance per setting
+        self.messages = messages
 
 
 class PreviousSamples:
@@ -138,8 +145,7 @@ class PreviousSamples:
         except (KeyError, TypeError, ValueError):
             return None
         task = fp.task
-        shared = self._fingerprints.setdefault((task.endpoint, task.environment, task.max_turns, task.score_fn), task)
-        return shared if fp.messages is None else Fingerprint(**{**shared.to_dict(), "messages": fp.messages})
+        return self._fingerprints.setdefault((task.endpoint, task.environment, task.max_turns, task.score_fn), task)
 
     def _read_index(self) -> None:
         with self.path.open("rb") as f:
@@ -156,8 +162,13 @@ class PreviousSamples:
                 if rec.get("status") != "completed":
                     self._index.pop(sid, None)  # a later failure replaces an earlier success
                     continue
+                fp = rec.get("fingerprint")
+                messages = fp.get("messages") if isinstance(fp, Mapping) else None
                 self._index[sid] = _Recorded(
-                    start, input_digest(rec.get("input") or {}), self._intern(rec.get("fingerprint"))
+                    start,
+                    input_digest(rec.get("input") or {}),
+                    self._intern(fp),
+                    sys.intern(messages) if messages else None,
                 )
 
     def load(self, sample_id: str) -> Sample:
@@ -181,7 +192,7 @@ class PreviousSamples:
                 + _ways_out(self.out, [])
             )
         current = Fingerprint(**{**self.config.fingerprint.to_dict(), "messages": messages_hash})
-        parts = current.differences(rec.fingerprint)
+        parts = current.differences(replace(rec.fingerprint, messages=rec.messages))
         if not parts:
             return "reuse"
         if parts == ["score_fn"] and self.config.rescore:
