@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -69,10 +70,32 @@ def load_csv(path: str | Path, **reader_kwargs: Any) -> Iterator[dict[str, Any]]
 # --------------------------------------------------------------------------------------------
 
 
+def dumps_json(data: Any, **kwargs: Any) -> str:
+    """`json.dumps` that always writes valid JSON: values JSON cannot encode become strings and
+    NaN/Infinity (which `json` would write as bare, invalid tokens) become null. (A Metric
+    refuses a non-finite value, so this only concerns free-form metadata.)"""
+    kwargs.setdefault("ensure_ascii", False)
+    try:
+        return json.dumps(data, allow_nan=False, default=str, **kwargs)
+    except ValueError:
+        return json.dumps(finite_json(data), allow_nan=False, default=str, **kwargs)
+
+
+def finite_json(value: Any) -> Any:
+    """A copy of `value` with NaN and infinite floats replaced by None (recursing into dicts/lists)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value
+
+
 def sample_to_line(sample: Sample) -> str:
-    """One JSON line (with trailing newline), known secrets masked. Values JSON cannot encode are
-    written as strings."""
-    return redact_json(json.dumps(sample.to_dict(), ensure_ascii=False, separators=(",", ":"), default=str)) + "\n"
+    """One JSON line (with trailing newline), always valid JSON (see `dumps_json`), known secrets
+    masked."""
+    return redact_json(dumps_json(sample.to_dict(), separators=(",", ":"))) + "\n"
 
 
 class SampleLog:
@@ -160,7 +183,7 @@ def read_sample_log(path: str | Path) -> dict[str, Sample]:
 def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write `data` as pretty JSON to `path` atomically (temp file + fsync + os.replace), known
     secrets masked."""
-    text = redact_json(json.dumps(data, ensure_ascii=False, indent=2, default=str))
+    text = redact_json(dumps_json(data, indent=2))  # NaN as null, known secrets masked
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
@@ -173,6 +196,25 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+class StreamedList(list):  # type: ignore[type-arg]
+    """A list `json.dump` writes item by item from `items` (re-iterable), without holding them:
+    report.json's 100,000 sample ids need not be a 100,000-string list at the end of a run.
+    Only for writing (it compares as an empty list)."""
+
+    def __init__(self, items: Any) -> None:
+        super().__init__()
+        self._items = items
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return len(self._items) > 0
 
 
 def read_json(path: str | Path) -> Any:

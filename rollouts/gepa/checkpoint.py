@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import trio
 
-from rollouts.eval.io import read_json, write_json_atomic
+from rollouts.eval.io import dumps_json, read_json, write_json_atomic
 from rollouts.gepa.state import GEPAState
 from rollouts.redaction import redact_json, redact_text
 
@@ -92,8 +92,7 @@ class JsonlLog:
 
     def append(self, record: Mapping[str, Any]) -> None:
         assert self._f is not None, "JsonlLog.append after close"
-        line = redact_json(json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str))
-        self._f.write(line + "\n")
+        self._f.write(redact_json(dumps_json(record, separators=(",", ":"))) + "\n")
         self._f.flush()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
