@@ -47,6 +47,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("rollouts.cli.eval", "run a dataset through an agent and score it"),
     "sessions": ("rollouts.cli.sessions", "list, show, branch and export recorded sessions"),
     "gepa": ("rollouts.cli.gepa", "evolve a prompt with GEPA"),
+    "view": ("rollouts.cli.view", "browse sessions, evaluations and GEPA runs in a web page"),
     "demo": ("rollouts.cli.demo", "run the demo on the embedded local model (offline, no key)"),
     "doctor": ("rollouts.cli.doctor", "check the installation, keys, local model and storage"),
 }

@@ -1,0 +1,694 @@
+"""FilesCatalog: the Catalog over what rollouts writes on disk.
+
+    catalog = FilesCatalog(["~/.rollouts/sessions", "results/", "gepa_runs/"], cache_dir=...)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(catalog.run_indexer)     # keeps the indexes up to date
+        page = await catalog.list_samples(run_id, SampleQuery(sort="reward"))
+
+Each path may be a session store root (directories named by session id), an eval output
+directory (samples.jsonl, report.json), a GEPA run directory (state.json / result.json), or a
+directory holding such directories (searched two levels down). Sessions and samples are served
+from SQLite indexes in `cache_dir` (see rollouts.view._index), so a page never reads a whole
+big file: a sample is read from its byte range, a session's transcript window through the
+store's own reader. GEPA state and result files are small (one record per candidate) and are
+parsed whole, cached by modification time.
+
+Ids: a run id is `<directory name>-<hash of its path>`; it is looked up, never joined to a
+path, so no id can reach a file outside what was given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import trio
+
+from rollouts.dtypes import Message
+from rollouts.eval.sample import Sample
+from rollouts.gepa.result import GEPAResult
+from rollouts.gepa.state import GEPAState
+from rollouts.store.base import SessionError, is_session_id
+from rollouts.store.files import FileSessionStore, default_sessions_dir
+from rollouts.view._index import EvalIndex, SessionIndex
+from rollouts.view.catalog import (
+    METRIC_OPS,
+    SAMPLE_SORTS,
+    CompareRow,
+    Comparison,
+    EvalRunDetail,
+    EvalRunRow,
+    GepaRunDetail,
+    GepaRunRow,
+    NotFound,
+    Page,
+    Reflection,
+    SampleQuery,
+    SampleRow,
+    SessionDetail,
+    SessionNode,
+    SessionQuery,
+    SessionRow,
+    clamp_page,
+)
+
+CACHE_DIR_ENV = "ROLLOUTS_VIEW_CACHE"
+_TREE_MAX = 500
+_SCAN_DEPTH = 2
+_SCAN_MAX_ENTRIES = 5000
+
+
+def default_cache_dir() -> Path:
+    """`$ROLLOUTS_VIEW_CACHE`, else `~/.cache/rollouts/view`."""
+    return Path(os.environ.get(CACHE_DIR_ENV) or "~/.cache/rollouts/view").expanduser()
+
+
+def _slug(path: Path) -> str:
+    name = re.sub(r"[^0-9A-Za-z_.-]+", "_", path.name or "root").strip("._") or "run"
+    return f"{name[:40]}-{hashlib.sha1(str(path).encode()).hexdigest()[:6]}"
+
+
+def _index_file(cache_dir: Path, kind: str, path: Path) -> Path:
+    return cache_dir / f"{kind}-{hashlib.sha1(str(path).encode()).hexdigest()[:16]}.sqlite"
+
+
+def _is_session_store(path: Path) -> bool:
+    try:
+        with os.scandir(path) as it:
+            for n, e in enumerate(it):
+                if n > 200:
+                    return False
+                if is_session_id(e.name) and e.is_dir() and (Path(e.path) / "session.json").is_file():
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def _is_gepa_dir(path: Path) -> bool:
+    return (path / "state.json").is_file() or (
+        (path / "result.json").is_file() and (path / "best_candidate.json").is_file()
+    )
+
+
+@dataclass
+class _EvalSource:
+    run_id: str
+    path: Path
+    index: EvalIndex
+    stats_key: Any = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _GepaSource:
+    run_id: str
+    path: Path
+    cache_key: Any = None
+    cached: GepaRunDetail | None = None
+
+
+@dataclass
+class _StoreSource:
+    path: Path
+    index: SessionIndex
+    store: FileSessionStore
+
+
+def _row_from_report_status(path: Path) -> tuple[str, Mapping[str, Any]]:
+    try:
+        report = json.loads((path / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "running", {}
+    if not isinstance(report, Mapping):
+        return "running", {}
+    return str(report.get("status") or "completed"), report
+
+
+class FilesCatalog:
+    """The Catalog over local files (see the module docstring). `refresh_interval` is how often
+    the indexer looks for new data (seconds)."""
+
+    def __init__(
+        self,
+        paths: Iterable[str | os.PathLike[str]] | None = None,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        refresh_interval: float = 2.0,
+    ) -> None:
+        given = [Path(p).expanduser().resolve() for p in (paths or ())]
+        if not given:
+            given = [default_sessions_dir().resolve(), Path.cwd()]
+        self.paths = tuple(given)
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        self.refresh_interval = refresh_interval
+        self._evals: dict[str, _EvalSource] = {}
+        self._gepa: dict[str, _GepaSource] = {}
+        self._stores: dict[Path, _StoreSource] = {}
+        self._indexed = trio.Event()  # set after each indexing pass (replaced by a fresh one)
+        self._wake = trio.Event()
+        self.discover()
+
+    def __repr__(self) -> str:
+        return f"FilesCatalog({[str(p) for p in self.paths]!r}, cache_dir={str(self.cache_dir)!r})"
+
+    # ----------------------------------------------------------------------------------------
+    # sources
+    # ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def run_id(path: str | os.PathLike[str]) -> str:
+        """The id under which the eval or GEPA run directory at `path` is shown."""
+        return _slug(Path(path).expanduser().resolve())
+
+    def discover(self) -> None:
+        """Find the session stores, eval runs and GEPA runs under the given paths (blocking,
+        bounded: two levels, a few thousand entries)."""
+        for p in self.paths:
+            self._discover(p, _SCAN_DEPTH)
+
+    def _discover(self, path: Path, depth: int) -> None:
+        if not path.is_dir():
+            return
+        if (path / "samples.jsonl").is_file():
+            rid = _slug(path)
+            if rid not in self._evals:
+                idx = EvalIndex(_index_file(self.cache_dir, "eval", path), path / "samples.jsonl")
+                self._evals[rid] = _EvalSource(rid, path, idx)
+            return
+        if _is_gepa_dir(path):
+            rid = _slug(path)
+            self._gepa.setdefault(rid, _GepaSource(rid, path))
+            return
+        if _is_session_store(path):
+            if path not in self._stores:
+                sidx = SessionIndex(_index_file(self.cache_dir, "sessions", path), path)
+                self._stores[path] = _StoreSource(path, sidx, FileSessionStore(path))
+            return
+        if depth <= 0:
+            return
+        try:
+            with os.scandir(path) as it:
+                entries = [e for _, e in zip(range(_SCAN_MAX_ENTRIES), it, strict=False)]
+        except OSError:
+            return
+        for e in sorted(entries, key=lambda e: e.name):
+            if e.is_dir() and not e.name.startswith("."):
+                self._discover(Path(e.path), depth - 1)
+
+    # ----------------------------------------------------------------------------------------
+    # indexing
+    # ----------------------------------------------------------------------------------------
+
+    async def run_indexer(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep every index up to date, for ever: each pass indexes what was appended (in
+        bounded steps, so cancellation waits at most one step), then sleeps until
+        `refresh_interval` passes or a page asks for fresh data."""
+        task_status.started()
+        while True:
+            await self.index_once()
+            with trio.move_on_after(self.refresh_interval):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    async def index_once(self) -> None:
+        """One full pass: every source brought up to date."""
+        await trio.to_thread.run_sync(self.discover)
+        for store in list(self._stores.values()):
+            while await trio.to_thread.run_sync(store.index.update, 500):
+                self._signal()
+        for ev in list(self._evals.values()):
+            while await trio.to_thread.run_sync(ev.index.update, 2000):
+                self._signal()
+        self._signal()
+
+    def _signal(self) -> None:
+        done, self._indexed = self._indexed, trio.Event()
+        done.set()
+
+    def wake(self) -> None:
+        """Ask the indexer for a pass now."""
+        self._wake.set()
+
+    async def _wait_for(self, ready: Any, max_passes: int = 1000) -> None:
+        """Wait (at most `max_passes` indexing steps) until `ready()` is true in a thread."""
+        for _ in range(max_passes):
+            if await trio.to_thread.run_sync(ready):
+                return
+            event = self._indexed
+            self.wake()
+            await event.wait()
+
+    # ----------------------------------------------------------------------------------------
+    # sessions
+    # ----------------------------------------------------------------------------------------
+
+    def _session_where(self, q: SessionQuery) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        args: list[Any] = []
+        if q.text:
+            clauses.append("instr(lower(text), lower(?)) > 0")
+            args.append(q.text)
+        if q.status:
+            clauses.append("status = ?")
+            args.append(q.status)
+        if q.model:
+            clauses.append("model = ?")
+            args.append(q.model)
+        if q.tag is not None:
+            clauses.append("json_extract(tags, ?) = ?")
+            args.extend([_json_path(q.tag[0]), q.tag[1]])
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
+
+    async def list_sessions(self, query: SessionQuery) -> Page[SessionRow]:
+        offset, limit = clamp_page(query.offset, query.limit)
+        stores = list(self._stores.values())
+        if stores and query == SessionQuery(offset=query.offset, limit=query.limit):
+            # the plain list: wait until the first page is indexed (newest sessions come first)
+            await self._wait_for(
+                lambda: all(s.index.state("ready") or _count(s.index) >= offset + limit for s in stores), 50
+            )
+        where, args = self._session_where(query)
+
+        def run() -> tuple[list[SessionRow], int, bool]:
+            rows: list[SessionRow] = []
+            total = 0
+            for s in stores:
+                with s.index.read() as db:
+                    total += db.execute(f"SELECT count(*) FROM sessions{where}", args).fetchone()[0]
+                    got = db.execute(
+                        f"SELECT {_SESSION_COLS} FROM sessions{where} ORDER BY id DESC LIMIT ?", [*args, offset + limit]
+                    ).fetchall()
+                    rows.extend(_session_row(r) for r in got)
+            rows.sort(key=lambda r: r.session_id, reverse=True)
+            return rows[offset : offset + limit], total, all(not _pending(s.index) for s in stores)
+
+        items, total, complete = await trio.to_thread.run_sync(run)
+        return Page(tuple(items), total, offset, limit, complete)
+
+    def _find_store(self, session_id: str) -> tuple[_StoreSource, SessionRow]:
+        if not is_session_id(session_id):
+            raise NotFound(f"{session_id!r} is not a session id")
+        for s in self._stores.values():
+            with s.index.read() as db:
+                r = db.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id=?", (session_id,)).fetchone()
+            if r is not None:
+                return s, _session_row(r)
+        for s in self._stores.values():  # not indexed yet: index this one now
+            if (s.path / session_id / "session.json").is_file():
+                s.index.index_one(session_id)
+                with s.index.read() as db:
+                    r = db.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id=?", (session_id,)).fetchone()
+                if r is not None:
+                    return s, _session_row(r)
+        raise NotFound(f"no session {session_id!r}")
+
+    def _tree(self, s: _StoreSource, session_id: str) -> SessionNode:
+        with s.index.read() as db:
+            root = session_id
+            for _ in range(_TREE_MAX):
+                r = db.execute("SELECT parent_id FROM sessions WHERE id=?", (root,)).fetchone()
+                if r is None or r[0] is None:
+                    break
+                root = r[0]
+            budget = [_TREE_MAX]
+
+            def node(sid: str) -> SessionNode:
+                r = db.execute("SELECT status, branch_point, n_own FROM sessions WHERE id=?", (sid,)).fetchone()
+                status, bp, n_own = r if r is not None else ("missing", None, 0)
+                kids = []
+                for (child,) in db.execute("SELECT id FROM sessions WHERE parent_id=? ORDER BY id", (sid,)).fetchall():
+                    if budget[0] <= 0:
+                        break
+                    budget[0] -= 1
+                    kids.append(node(child))
+                return SessionNode(sid, status, bp, (bp or 0) + n_own, tuple(kids))
+
+            return node(root)
+
+    async def get_session(self, session_id: str, *, offset: int = 0, limit: int = 200) -> SessionDetail:
+        offset, limit = clamp_page(offset, limit)
+        s, row = await trio.to_thread.run_sync(self._find_store, session_id)
+        try:
+            messages = await s.store.messages(session_id, offset + limit)
+            n = await s.store.message_count(session_id)
+        except SessionError as e:
+            raise NotFound(str(e)) from None
+        tree = await trio.to_thread.run_sync(self._tree, s, session_id)
+        try:
+            meta = await trio.to_thread.run_sync(
+                lambda: json.loads((s.path / session_id / "session.json").read_text(encoding="utf-8"))
+            )
+        except (OSError, ValueError):
+            meta = {}
+        return SessionDetail(row, meta, tuple(messages[offset:]), offset, n, tree)
+
+    async def session_messages(self, session_id: str, start: int, stop: int) -> tuple[Message, ...]:
+        """history[start:stop] of a session (reads only up to `stop`)."""
+        s, _ = await trio.to_thread.run_sync(self._find_store, session_id)
+        try:
+            return tuple((await s.store.messages(session_id, max(0, stop)))[max(0, start) :])
+        except SessionError as e:
+            raise NotFound(str(e)) from None
+
+    # ----------------------------------------------------------------------------------------
+    # evaluations
+    # ----------------------------------------------------------------------------------------
+
+    def _eval(self, run_id: str) -> _EvalSource:
+        src = self._evals.get(run_id)
+        if src is None:
+            raise NotFound(f"no eval run {run_id!r}")
+        return src
+
+    def _eval_row(self, src: _EvalSource) -> EvalRunRow:
+        status, report = _row_from_report_status(src.path)
+        key = (src.index.state("end"), status)
+        if key != src.stats_key:
+            with src.index.read() as db:
+                n, failed, mean = db.execute(
+                    "SELECT count(*), coalesce(sum(failed),0), avg(CASE WHEN failed=0 THEN reward END) FROM samples"
+                ).fetchone()
+                metrics: dict[str, float] = {}
+                for (name,) in db.execute("SELECT name FROM metric_names ORDER BY name").fetchall():
+                    v = db.execute("SELECT avg(json_extract(metrics, ?)) FROM samples", (_json_path(name),)).fetchone()[
+                        0
+                    ]
+                    if v is not None:
+                        metrics[name] = float(v)
+            src.stats = {"n": n, "failed": failed, "mean": mean, "metrics": metrics}
+            src.stats_key = key
+        st = src.stats
+        return EvalRunRow(
+            run_id=src.run_id,
+            name=str(report.get("eval_name") or src.path.name),
+            location=str(src.path),
+            status=status,
+            n_samples=st["n"],
+            n_failed=st["failed"],
+            mean_reward=st["mean"],
+            metrics=st["metrics"],
+            started_at=str(report.get("started_at") or ""),
+            duration_s=report.get("duration_s") if isinstance(report.get("duration_s"), int | float) else None,
+            indexed=not _pending(src.index),
+        )
+
+    async def list_eval_runs(self) -> Sequence[EvalRunRow]:
+        srcs = list(self._evals.values())
+        return await trio.to_thread.run_sync(lambda: [self._eval_row(s) for s in srcs])
+
+    async def get_eval_run(self, run_id: str) -> EvalRunDetail:
+        src = self._eval(run_id)
+
+        def run() -> EvalRunDetail:
+            _, report = _row_from_report_status(src.path)
+            return EvalRunDetail(self._eval_row(src), report, tuple(src.index.metric_names()))
+
+        return await trio.to_thread.run_sync(run)
+
+    async def list_samples(self, run_id: str, query: SampleQuery) -> Page[SampleRow]:
+        src = self._eval(run_id)
+        offset, limit = clamp_page(query.offset, query.limit)
+        where, args = _sample_where(query)
+        order = _sample_order(query)
+        if not where and order.startswith("seq"):
+            await self._wait_for(lambda: not _pending(src.index) or _count(src.index, "samples") >= offset + limit, 50)
+
+        def run() -> tuple[list[SampleRow], int]:
+            with src.index.read() as db:
+                total = db.execute(f"SELECT count(*) FROM samples{where}", args).fetchone()[0]
+                rows = db.execute(
+                    f"SELECT {_SAMPLE_COLS} FROM samples{where} ORDER BY {order} LIMIT ? OFFSET ?",
+                    [*args, limit, offset],
+                ).fetchall()
+            return [_sample_row(r) for r in rows], total
+
+        items, total = await trio.to_thread.run_sync(run)
+        return Page(tuple(items), total, offset, limit, not _pending(src.index))
+
+    async def get_sample(self, run_id: str, sample_id: str) -> Sample:
+        src = self._eval(run_id)
+
+        def run() -> Sample:
+            with src.index.read() as db:
+                r = db.execute("SELECT off, len FROM samples WHERE id=?", (sample_id,)).fetchone()
+            if r is None:
+                src.index.update(10**9)  # maybe appended since the last pass
+                with src.index.read() as db:
+                    r = db.execute("SELECT off, len FROM samples WHERE id=?", (sample_id,)).fetchone()
+            if r is None:
+                raise NotFound(f"no sample {sample_id!r} in run {run_id}")
+            with open(src.path / "samples.jsonl", "rb") as f:
+                f.seek(r[0])
+                line = f.read(r[1])
+            try:
+                return Sample.from_dict(json.loads(line))
+            except (ValueError, KeyError, TypeError) as e:
+                raise NotFound(f"sample {sample_id!r} of run {run_id} cannot be read ({e})") from None
+
+        return await trio.to_thread.run_sync(run)
+
+    async def compare_runs(self, run_a: str, run_b: str, *, offset: int = 0, limit: int = 50) -> Comparison:
+        a, b = self._eval(run_a), self._eval(run_b)
+        offset, limit = clamp_page(offset, limit)
+
+        def run() -> Comparison:
+            with a.index.read() as db:
+                db.execute("ATTACH DATABASE ? AS other", (f"file:{b.index.db_path}?mode=ro",))
+                join = "FROM main.samples x JOIN other.samples y ON x.id = y.id"
+                delta = "(coalesce(y.reward,0) - coalesce(x.reward,0))"
+                shared, regressed, improved = db.execute(
+                    f"SELECT count(*), coalesce(sum({delta} < 0),0), coalesce(sum({delta} > 0),0) {join}"
+                ).fetchone()
+                rows = db.execute(
+                    f"SELECT x.id, x.reward, y.reward, x.status, y.status {join} "
+                    f"ORDER BY {delta} ASC, x.seq LIMIT ? OFFSET ?",
+                    (limit, offset),
+                ).fetchall()
+                n_a = db.execute("SELECT count(*) FROM main.samples").fetchone()[0]
+                n_b = db.execute("SELECT count(*) FROM other.samples").fetchone()[0]
+            page = Page(
+                tuple(CompareRow(*r) for r in rows), shared, offset, limit, not (_pending(a.index) or _pending(b.index))
+            )
+            return Comparison(
+                self._eval_row(a), self._eval_row(b), page, shared, n_a - shared, n_b - shared, regressed, improved
+            )
+
+        return await trio.to_thread.run_sync(run)
+
+    # ----------------------------------------------------------------------------------------
+    # GEPA
+    # ----------------------------------------------------------------------------------------
+
+    def _gepa_src(self, run_id: str) -> _GepaSource:
+        src = self._gepa.get(run_id)
+        if src is None:
+            raise NotFound(f"no GEPA run {run_id!r}")
+        return src
+
+    def _gepa_detail(self, src: _GepaSource) -> GepaRunDetail:
+        key = tuple(_stat_key(src.path / n) for n in ("result.json", "state.json"))
+        if key == src.cache_key and src.cached is not None:
+            return src.cached
+        result: GEPAResult | None = None
+        status = "running"
+        try:
+            if (src.path / "result.json").is_file():
+                result = GEPAResult.from_dict(json.loads((src.path / "result.json").read_text(encoding="utf-8")))
+                status = result.stop_reason or "finished"
+            elif (src.path / "state.json").is_file():
+                state = GEPAState.from_dict(json.loads((src.path / "state.json").read_text(encoding="utf-8")))
+                if state.candidates:
+                    result = state.to_result("running", None, str(src.path))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise NotFound(f"GEPA run {src.run_id} cannot be read ({type(e).__name__}: {e})") from None
+        if result is None:
+            detail = GepaRunDetail(GepaRunRow(src.run_id, src.path.name, str(src.path), status), (), (), (), 0)
+        else:
+            row = GepaRunRow(
+                run_id=src.run_id,
+                name=src.path.name,
+                location=str(src.path),
+                status=status,
+                n_candidates=len(result.candidates),
+                best_idx=result.best_idx,
+                best_score=result.best_score,
+                seed_score=result.seed_score,
+                metric_calls=result.metric_calls,
+                max_metric_calls=result.max_metric_calls,
+                iterations=result.iterations,
+            )
+            detail = GepaRunDetail(row, result.candidates, result.history, result.pareto_front, result.valset_size)
+        src.cache_key, src.cached = key, detail
+        return detail
+
+    async def list_gepa_runs(self) -> Sequence[GepaRunRow]:
+        srcs = list(self._gepa.values())
+
+        def run() -> list[GepaRunRow]:
+            rows = []
+            for s in srcs:
+                try:
+                    rows.append(self._gepa_detail(s).row)
+                except NotFound:
+                    rows.append(GepaRunRow(s.run_id, s.path.name, str(s.path), "unreadable"))
+            return rows
+
+        return await trio.to_thread.run_sync(run)
+
+    async def get_gepa_run(self, run_id: str) -> GepaRunDetail:
+        src = self._gepa_src(run_id)
+        return await trio.to_thread.run_sync(self._gepa_detail, src)
+
+    async def gepa_reflections(self, run_id: str, iteration: int) -> Sequence[Reflection]:
+        src = self._gepa_src(run_id)
+        prefix = b'{"key":"' + str(int(iteration)).encode() + b":"
+
+        def run() -> list[Reflection]:
+            found: list[Reflection] = []
+            try:
+                with open(src.path / "reflections.jsonl", "rb") as f:
+                    for line in f:  # streamed; only this iteration's lines are parsed
+                        if not line.startswith(prefix) or not line.endswith(b"\n"):
+                            continue
+                        try:
+                            d = json.loads(line)
+                        except ValueError:
+                            continue
+                        found.append(
+                            Reflection(int(d.get("iteration", iteration)), str(d.get("component", "")),
+                                       str(d.get("prompt", "")), str(d.get("answer", "")))
+                        )  # fmt: skip
+            except FileNotFoundError:
+                pass
+            return found
+
+        return await trio.to_thread.run_sync(run)
+
+    # ----------------------------------------------------------------------------------------
+    # live
+    # ----------------------------------------------------------------------------------------
+
+    async def version(self, kind: Literal["session", "eval", "gepa"], item_id: str) -> str:
+        if kind == "eval":
+            src = self._eval(item_id)
+            paths = [src.path / "samples.jsonl", src.path / "report.json"]
+        elif kind == "gepa":
+            g = self._gepa_src(item_id)
+            paths = [g.path / "state.json", g.path / "result.json"]
+        elif kind == "session":
+            s, _ = await trio.to_thread.run_sync(self._find_store, item_id)
+            paths = [s.path / item_id / "messages.jsonl", s.path / item_id / "session.json"]
+        else:
+            raise NotFound(f"unknown kind {kind!r}")
+        token = repr([_stat_key(p) for p in paths])
+        if kind == "eval":
+            src = self._evals[item_id]
+            if not await trio.to_thread.run_sync(src.index.up_to_date):
+                await trio.to_thread.run_sync(src.index.update, 20_000)
+        if kind == "session":
+            await trio.to_thread.run_sync(s.index.index_one, item_id)
+        return token
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+_SESSION_COLS = "id, status, model, provider, parent_id, branch_point, tags, created_at, updated_at, n_own, tokens, cost, errors, preview"
+_SAMPLE_COLS = "id, seq, status, reward, metrics, turns, tokens, cost, duration, error, input_text, response_text"
+_SORT_COLUMNS = {"seq": "seq", "id": "id", "reward": "reward", "status": "status", "turns": "turns",
+                 "tokens": "tokens", "cost": "cost", "time": "duration"}  # fmt: skip
+
+
+def _json_path(key: str) -> str:
+    if '"' in key or "\\" in key:
+        raise ValueError(f"{key!r}: a metric or metadata key for filtering cannot contain quotes or backslashes")
+    return f'$."{key}"'
+
+
+def _session_row(r: Sequence[Any]) -> SessionRow:
+    try:
+        tags = json.loads(r[6] or "{}")
+    except ValueError:
+        tags = {}
+    return SessionRow(
+        session_id=r[0], status=r[1], model=r[2], provider=r[3], parent_id=r[4], branch_point=r[5],
+        tags={str(k): str(v) for k, v in tags.items()}, created_at=r[7], updated_at=r[8],
+        n_messages=(r[5] or 0) + r[9], tokens=r[10], cost_usd=r[11], errors=r[12], preview=r[13],
+    )  # fmt: skip
+
+
+def _sample_row(r: Sequence[Any]) -> SampleRow:
+    return SampleRow(
+        sample_id=r[0], seq=r[1], status=r[2], reward=r[3], metrics=json.loads(r[4] or "{}"), turns=r[5],
+        tokens=r[6], cost_usd=r[7], duration_s=r[8], error=r[9], input_preview=(r[10] or "")[:300],
+        response_preview=(r[11] or "")[:300],
+    )  # fmt: skip
+
+
+def _sample_where(q: SampleQuery) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    args: list[Any] = []
+    if q.text:
+        clauses.append("(instr(lower(input_text), lower(?)) > 0 OR instr(lower(response_text), lower(?)) > 0)")
+        args.extend([q.text, q.text])
+    if q.status:
+        clauses.append("status = ?")
+        args.append(q.status)
+    if q.failed is not None:
+        clauses.append("failed = ?")
+        args.append(int(q.failed))
+    if q.metric and q.value is not None:
+        if q.op not in METRIC_OPS:
+            raise ValueError(f"op must be one of {METRIC_OPS}, got {q.op!r}")
+        if q.metric == "reward":
+            clauses.append(f"reward {q.op} ?")
+        else:
+            clauses.append(f"json_extract(metrics, ?) {q.op} ?")
+            args.append(_json_path(q.metric))
+        args.append(q.value)
+    if q.meta is not None:
+        clauses.append("json_extract(metadata, ?) = ?")
+        args.extend([_json_path(q.meta[0]), q.meta[1]])
+    return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
+
+
+def _sample_order(q: SampleQuery) -> str:
+    direction = "DESC" if q.descending else "ASC"
+    if q.sort.startswith("metric:"):
+        name = q.sort.split(":", 1)[1]
+        path = _json_path(name).replace("'", "''")
+        return f"json_extract(metrics, '{path}') {direction}, seq"
+    if q.sort not in SAMPLE_SORTS:
+        raise ValueError(f"sort must be one of {SAMPLE_SORTS} or metric:<name>, got {q.sort!r}")
+    return f"{_SORT_COLUMNS[q.sort]} {direction}, seq"
+
+
+def _stat_key(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _count(index: EvalIndex | SessionIndex, table: str = "sessions") -> int:
+    with index.read() as db, contextlib.suppress(sqlite3.Error):
+        return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+    return 0
+
+
+def _pending(index: EvalIndex | SessionIndex) -> bool:
+    """Whether the index has not caught up with its files yet."""
+    if isinstance(index, EvalIndex):
+        return not index.up_to_date()
+    return not index.state("ready")
