@@ -26,6 +26,7 @@ from typing import Any
 from rollouts.store.base import is_session_id
 
 TEXT_CAP = 4000  # characters of input / response kept for search in an eval index
+PREVIEW_CAP = 300  # characters of input / response kept for the table
 SESSION_TEXT_CAP = 100_000  # characters of message text kept for search per session
 _COMMIT_EVERY = 500
 _READ_CHUNK = 1 << 20
@@ -152,20 +153,24 @@ def sample_fields(d: Mapping[str, Any]) -> dict[str, Any]:
 class EvalIndex(_Index):
     """The index of one samples.jsonl."""
 
-    VERSION = 2
+    VERSION = 3
     SCHEMA = """
     CREATE TABLE IF NOT EXISTS samples(
         id TEXT PRIMARY KEY, seq INTEGER, off INTEGER, len INTEGER, status TEXT, failed INTEGER,
         reward REAL, turns INTEGER, tokens INTEGER, cost REAL, duration REAL, error TEXT,
-        input_text TEXT, response_text TEXT, metrics TEXT, metadata TEXT);
+        input_text TEXT, response_text TEXT, metrics TEXT, metadata TEXT, search TEXT);
     CREATE INDEX IF NOT EXISTS samples_seq ON samples(seq);
-    CREATE INDEX IF NOT EXISTS samples_reward ON samples(reward);
-    CREATE INDEX IF NOT EXISTS samples_status ON samples(status);
+    CREATE INDEX IF NOT EXISTS samples_reward ON samples(reward, seq);
+    CREATE INDEX IF NOT EXISTS samples_status ON samples(status, seq);
+    CREATE INDEX IF NOT EXISTS samples_turns ON samples(turns, seq);
+    CREATE INDEX IF NOT EXISTS samples_tokens ON samples(tokens, seq);
+    CREATE INDEX IF NOT EXISTS samples_cost ON samples(cost, seq);
+    CREATE INDEX IF NOT EXISTS samples_duration ON samples(duration, seq);
     CREATE TABLE IF NOT EXISTS metric_names(name TEXT PRIMARY KEY);
     """
     _COLUMNS = (
         "id, seq, off, len, status, failed, reward, turns, tokens, cost, duration, error, "
-        "input_text, response_text, metrics, metadata"
+        "input_text, response_text, metrics, metadata, search"
     )
 
     def __init__(self, db_path: Path, samples_path: Path) -> None:
@@ -196,6 +201,7 @@ class EvalIndex(_Index):
                 self._set(db, "ino", st.st_ino)
                 self._set(db, "lines", 0)
                 self._set(db, "end", 0)
+                self._set(db, "stats", None)
                 db.commit()
             if st.st_size == end:
                 return False
@@ -235,7 +241,42 @@ class EvalIndex(_Index):
                     pos += start
                     buf = buf[start:]
             self._flush(db, rows, pos, seq)
-            return pos < st.st_size and done >= budget
+            more = pos < st.st_size and done >= budget
+            batches = self._get(db, "batches", 0) + 1
+            self._set(db, "batches", batches)
+            if not more or batches % 20 == 0:  # at the end of what is written, and now and then
+                self._set(db, "stats", json.dumps(self._compute_stats(db)))
+                self._set(db, "stats_end", pos)
+            db.commit()
+            return more
+
+    @staticmethod
+    def _compute_stats(db: sqlite3.Connection) -> dict[str, Any]:
+        n, failed, mean = db.execute(
+            "SELECT count(*), coalesce(sum(failed),0), avg(CASE WHEN failed=0 THEN reward END) FROM samples"
+        ).fetchone()
+        names = [r[0] for r in db.execute("SELECT name FROM metric_names ORDER BY name")]
+        names = [n for n in names if '"' not in n and "\\" not in n]
+        metrics: dict[str, float] = {}
+        if names:
+            cols = ", ".join("avg(json_extract(metrics, ?))" for _ in names)
+            values = db.execute(f"SELECT {cols} FROM samples", [f'$."{n}"' for n in names]).fetchone()
+            metrics = {name: float(v) for name, v in zip(names, values, strict=True) if v is not None}
+        return {"n": n, "failed": failed, "mean": mean, "metrics": metrics}
+
+    def stats(self) -> dict[str, Any]:
+        """Sample count, failed count, mean reward and metric means. Computed by the indexer
+        when it reaches the end of the file (and every 20 steps of a long first pass); a small
+        index that has none yet is summed on the spot."""
+        with self.read() as db:
+            raw = self._get(db, "stats")
+            if raw is not None:
+                stats: dict[str, Any] = json.loads(raw)
+                return stats
+            n = db.execute("SELECT count(*) FROM samples").fetchone()[0]
+            if n <= 20_000:
+                return self._compute_stats(db)
+            return {"n": n, "failed": 0, "mean": None, "metrics": {}}
 
     def _row(self, line: bytes, off: int, seq: int) -> tuple[Any, ...] | None:
         try:
@@ -245,14 +286,15 @@ class EvalIndex(_Index):
             return None  # a bad line: the sample page shows the file's own error when opened
         return (
             f["id"], seq, off, len(line), f["status"], f["failed"], f["reward"], f["turns"], f["tokens"],
-            f["cost"], f["duration"], f["error"], f["input_text"], f["response_text"], f["metrics"], f["metadata"],
+            f["cost"], f["duration"], f["error"], f["input_text"][:PREVIEW_CAP], f["response_text"][:PREVIEW_CAP],
+            f["metrics"], f["metadata"], (f["input_text"] + "\n" + f["response_text"]).lower(),
         )  # fmt: skip
 
     def _flush(self, db: sqlite3.Connection, rows: list[tuple[Any, ...]], end: int, seq: int) -> None:
         cols = self._COLUMNS
         keep_seq = ", ".join(f"{c}=excluded.{c}" for c in cols.split(", ") if c not in ("id", "seq"))
         db.executemany(
-            f"INSERT INTO samples({cols}) VALUES({','.join('?' * 16)}) ON CONFLICT(id) DO UPDATE SET {keep_seq}",
+            f"INSERT INTO samples({cols}) VALUES({','.join('?' * 17)}) ON CONFLICT(id) DO UPDATE SET {keep_seq}",
             rows,
         )
         rows.clear()
@@ -290,7 +332,7 @@ def _message_text(m: Mapping[str, Any]) -> str:
 class SessionIndex(_Index):
     """The index of one FileSessionStore root (`root/<session id>/session.json, messages.jsonl`)."""
 
-    VERSION = 2
+    VERSION = 3
     SCHEMA = """
     CREATE TABLE IF NOT EXISTS sessions(
         id TEXT PRIMARY KEY, parent_id TEXT, branch_point INTEGER, status TEXT, model TEXT,
@@ -403,7 +445,7 @@ class SessionIndex(_Index):
                     if not preview and m.get("role") == "user" and t:
                         preview = t[:200]
                     if size < SESSION_TEXT_CAP and t:
-                        parts.append(t[: SESSION_TEXT_CAP - size])
+                        parts.append(t[: SESSION_TEXT_CAP - size].lower())
                         size += len(parts[-1]) + 1
         except OSError:
             return

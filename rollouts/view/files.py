@@ -25,7 +25,7 @@ import json
 import os
 import re
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -155,6 +155,7 @@ class FilesCatalog:
         self._stores: dict[Path, _StoreSource] = {}
         self._indexed = trio.Event()  # set after each indexing pass (replaced by a fresh one)
         self._wake = trio.Event()
+        self._indexer_running = False
         self.discover()
 
     def __repr__(self) -> str:
@@ -212,23 +213,32 @@ class FilesCatalog:
         """Keep every index up to date, for ever: each pass indexes what was appended (in
         bounded steps, so cancellation waits at most one step), then sleeps until
         `refresh_interval` passes or a page asks for fresh data."""
+        self._indexer_running = True
         task_status.started()
-        while True:
-            await self.index_once()
-            with trio.move_on_after(self.refresh_interval):
-                await self._wake.wait()
-            self._wake = trio.Event()
+        try:
+            while True:
+                await self.index_once()
+                with trio.move_on_after(self.refresh_interval):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+        finally:
+            self._indexer_running = False
 
     async def index_once(self) -> None:
-        """One full pass: every source brought up to date."""
+        """One full pass: every source brought up to date, taking small steps from each in
+        turn (so the first page of every source is ready soon, whatever its size)."""
         await trio.to_thread.run_sync(self.discover)
-        for store in list(self._stores.values()):
-            while await trio.to_thread.run_sync(store.index.update, 500):
-                self._signal()
-        for ev in list(self._evals.values()):
-            while await trio.to_thread.run_sync(ev.index.update, 2000):
-                self._signal()
-        self._signal()
+        # (source's update, first step, later steps): a small first step puts a first page in
+        # the index quickly; bigger ones then cost less per line
+        todo: list[tuple[Callable[[int], bool], int, int]] = [(e.index.update, 100, 1000) for e in self._evals.values()]
+        todo += [(s.index.update, 50, 200) for s in self._stores.values()]
+        while todo:
+            todo = [
+                (update, later, later)
+                for update, budget, later in todo
+                if await trio.to_thread.run_sync(update, budget)
+            ]
+            self._signal()
 
     def _signal(self) -> None:
         done, self._indexed = self._indexed, trio.Event()
@@ -238,8 +248,18 @@ class FilesCatalog:
         """Ask the indexer for a pass now."""
         self._wake.set()
 
+    async def _without_indexer(self) -> None:
+        """Without a running indexer (a one-off use, a bundle), bring the indexes up to date
+        before answering."""
+        if not self._indexer_running:
+            await self.index_once()
+
     async def _wait_for(self, ready: Any, max_passes: int = 1000) -> None:
-        """Wait (at most `max_passes` indexing steps) until `ready()` is true in a thread."""
+        """Wait (at most `max_passes` indexing steps) until `ready()` is true in a thread;
+        without a running indexer, index everything first."""
+        if not self._indexer_running:
+            await self.index_once()
+            return
         for _ in range(max_passes):
             if await trio.to_thread.run_sync(ready):
                 return
@@ -255,8 +275,8 @@ class FilesCatalog:
         clauses: list[str] = []
         args: list[Any] = []
         if q.text:
-            clauses.append("instr(lower(text), lower(?)) > 0")
-            args.append(q.text)
+            clauses.append("instr(text, ?) > 0")  # the index keeps text lowercased
+            args.append(q.text.lower())
         if q.status:
             clauses.append("status = ?")
             args.append(q.status)
@@ -371,20 +391,9 @@ class FilesCatalog:
 
     def _eval_row(self, src: _EvalSource) -> EvalRunRow:
         status, report = _row_from_report_status(src.path)
-        key = (src.index.state("end"), status)
+        key = (src.index.state("stats_end"), src.index.state("end"), status)
         if key != src.stats_key:
-            with src.index.read() as db:
-                n, failed, mean = db.execute(
-                    "SELECT count(*), coalesce(sum(failed),0), avg(CASE WHEN failed=0 THEN reward END) FROM samples"
-                ).fetchone()
-                metrics: dict[str, float] = {}
-                for (name,) in db.execute("SELECT name FROM metric_names ORDER BY name").fetchall():
-                    v = db.execute("SELECT avg(json_extract(metrics, ?)) FROM samples", (_json_path(name),)).fetchone()[
-                        0
-                    ]
-                    if v is not None:
-                        metrics[name] = float(v)
-            src.stats = {"n": n, "failed": failed, "mean": mean, "metrics": metrics}
+            src.stats = src.index.stats()
             src.stats_key = key
         st = src.stats
         return EvalRunRow(
@@ -402,11 +411,13 @@ class FilesCatalog:
         )
 
     async def list_eval_runs(self) -> Sequence[EvalRunRow]:
+        await self._without_indexer()
         srcs = list(self._evals.values())
         return await trio.to_thread.run_sync(lambda: [self._eval_row(s) for s in srcs])
 
     async def get_eval_run(self, run_id: str) -> EvalRunDetail:
         src = self._eval(run_id)
+        await self._without_indexer()
 
         def run() -> EvalRunDetail:
             _, report = _row_from_report_status(src.path)
@@ -419,7 +430,9 @@ class FilesCatalog:
         offset, limit = clamp_page(query.offset, query.limit)
         where, args = _sample_where(query)
         order = _sample_order(query)
-        if not where and order.startswith("seq"):
+        if where or not order.startswith("seq"):
+            await self._without_indexer()
+        else:
             await self._wait_for(lambda: not _pending(src.index) or _count(src.index, "samples") >= offset + limit, 50)
 
         def run() -> tuple[list[SampleRow], int]:
@@ -458,6 +471,7 @@ class FilesCatalog:
 
     async def compare_runs(self, run_a: str, run_b: str, *, offset: int = 0, limit: int = 50) -> Comparison:
         a, b = self._eval(run_a), self._eval(run_b)
+        await self._without_indexer()
         offset, limit = clamp_page(offset, limit)
 
         def run() -> Comparison:
@@ -639,8 +653,8 @@ def _sample_where(q: SampleQuery) -> tuple[str, list[Any]]:
     clauses: list[str] = []
     args: list[Any] = []
     if q.text:
-        clauses.append("(instr(lower(input_text), lower(?)) > 0 OR instr(lower(response_text), lower(?)) > 0)")
-        args.extend([q.text, q.text])
+        clauses.append("instr(search, ?) > 0")
+        args.append(q.text.lower())
     if q.status:
         clauses.append("status = ?")
         args.append(q.status)
@@ -663,14 +677,17 @@ def _sample_where(q: SampleQuery) -> tuple[str, list[Any]]:
 
 
 def _sample_order(q: SampleQuery) -> str:
+    # ties in the same direction, so an index on (column, seq) serves the order both ways
     direction = "DESC" if q.descending else "ASC"
     if q.sort.startswith("metric:"):
         name = q.sort.split(":", 1)[1]
         path = _json_path(name).replace("'", "''")
-        return f"json_extract(metrics, '{path}') {direction}, seq"
+        return f"json_extract(metrics, '{path}') {direction}, seq {direction}"
     if q.sort not in SAMPLE_SORTS:
         raise ValueError(f"sort must be one of {SAMPLE_SORTS} or metric:<name>, got {q.sort!r}")
-    return f"{_SORT_COLUMNS[q.sort]} {direction}, seq"
+    if q.sort in ("seq", "id"):
+        return f"{_SORT_COLUMNS[q.sort]} {direction}"
+    return f"{_SORT_COLUMNS[q.sort]} {direction}, seq {direction}"
 
 
 def _stat_key(path: Path) -> tuple[int, int, int] | None:
