@@ -15,6 +15,7 @@ import pytest
 import trio
 from _view_data import ViewData, append_gepa_candidate, gepa_result, make_sample, make_view_data
 
+from rollouts.dtypes import Message
 from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, SampleLog, write_json_atomic
 from rollouts.eval.report import EvalReport
 from rollouts.gepa.checkpoint import write_result_files
@@ -355,3 +356,57 @@ async def test_live_gepa_run_streams_candidates_and_plot(view: View) -> None:
         if kind == "done":
             break
     await stream.aclose()
+
+
+async def test_live_session_streams_its_growing_transcript_numbers(view: View) -> None:
+    from _view_data import assistant
+
+    from rollouts.store import FileSessionStore, SessionStatus
+
+    sid = view.data.xss_session
+    async with FileSessionStore(view.data.sessions, fsync_every=0) as store:
+        await store.update(sid, status=SessionStatus.RUNNING)
+        stream = _events(view.client, f"/live/session/{sid}")
+        _, first = await stream.__anext__()
+        assert first == {"status": "running", "n_messages": "2", "tokens": "150", "cost": "$0.0012"}
+        await store.append_message(sid, Message("user", "and again?"))
+        await store.append_message(sid, assistant("again"))
+        async for _, data in stream:
+            if data["n_messages"] == "4":
+                assert data["tokens"] == "300"
+                break
+        await store.update(sid, status=SessionStatus.COMPLETED)
+        async for kind, _ in stream:
+            if kind == "done":
+                break
+        await stream.aclose()
+
+
+async def test_the_app_mounts_inside_a_host_with_its_own_pages(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """The seam the rollout service uses: mount under a prefix, add routes and navigation."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Mount, Route
+
+    from rollouts.view.links import ServerLinks
+    from rollouts.view.pages import render_page
+
+    data = await make_view_data(tmp_path / "data")
+    catalog = FilesCatalog([data.eval_a], cache_dir=tmp_path / "cache")
+    links = ServerLinks("/ui", (("Batches", "/ui/batches"),))
+
+    async def batches(request: Request) -> HTMLResponse:
+        return HTMLResponse(render_page(links, "Batches", "<p>3 batches <b>&lt;running&gt;</b></p>"))
+
+    ui = create_app(catalog, prefix="/ui", run_indexer=False, routes=[Route("/batches", batches)], nav=links.nav)
+    host = Starlette(routes=[Mount("/ui", app=ui)])
+    url = await nursery.start(serve, host)
+    async with httpx2.AsyncClient(base_url=url) as client:
+        run = catalog.run_id(data.eval_a)
+        r = await client.get(f"/ui/evals/{run}")
+        assert r.status_code == 200 and f'href="/ui/evals/{run}/samples/q000"' in r.text
+        assert 'href="/ui/static/style.css"' in r.text and 'href="/ui/batches">Batches</a>' in r.text
+        r = await client.get("/ui/batches")
+        assert r.status_code == 200 and "<b>&lt;running&gt;</b>" in r.text and "<h1>Batches</h1>" in r.text
+        assert (await client.get("/ui/static/live.js")).status_code == 200

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from rollouts.view import pages
@@ -115,11 +115,22 @@ async def live_numbers(catalog: Catalog, kind: str, item_id: str) -> tuple[dict[
 
 
 def create_app(
-    catalog: Catalog, *, prefix: str = "", run_indexer: bool = True, live_poll_s: float = LIVE_POLL_S
+    catalog: Catalog,
+    *,
+    prefix: str = "",
+    run_indexer: bool = True,
+    live_poll_s: float = LIVE_POLL_S,
+    routes: Sequence[BaseRoute] = (),
+    nav: Sequence[tuple[str, str]] = (),
 ) -> Starlette:
     """The viewer over `catalog`. `prefix` is where it is mounted (links include it);
-    `run_indexer` starts `catalog.run_indexer` (if it has one) for the app's lifetime."""
-    links = ServerLinks(prefix)
+    `run_indexer` starts `catalog.run_indexer` (if it has one) for the app's lifetime.
+
+    `routes` and `nav` are the seam for a host: the rollout service adds its pages (batches
+    with live progress, the GEPA jobs form, agent versions with promote) as more routes, and
+    their (label, url) to the top navigation; `pages.render_page` renders them in the same
+    layout."""
+    links = ServerLinks(prefix, tuple(nav))
 
     def html(render: Callable[[Request], Awaitable[str]]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -210,11 +221,12 @@ def create_app(
         kind, item_id = pp(r, "kind"), pp(r, "item_id")
         if kind not in ("session", "eval", "gepa"):
             raise NotFound(f"no live view of {kind!r}")
-        first, finished = await live_numbers(catalog, kind, item_id)  # NotFound -> 404 before streaming
+        # the token is read before the numbers, so a change in between shows in the next poll
+        last = await catalog.version(kind, item_id)  # type: ignore[arg-type]  # NotFound -> 404
+        first, finished = await live_numbers(catalog, kind, item_id)
 
         async def events() -> AsyncIterator[str]:
-            nonlocal first, finished
-            last = await catalog.version(kind, item_id)  # type: ignore[arg-type]
+            nonlocal first, finished, last
             yield f"data: {json.dumps(first)}\n\n"
             for n in range(LIVE_MAX_EVENTS):
                 if finished:
@@ -261,7 +273,8 @@ def create_app(
             yield
             nursery.cancel_scope.cancel()
 
-    routes = [
+    all_routes = [
+        *routes,
         Route("/", html(index)),
         Route("/sessions", html(sessions)),
         Route("/sessions/{session_id}", html(session)),
@@ -285,7 +298,7 @@ def create_app(
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     app = Starlette(
-        routes=routes,
+        routes=all_routes,
         exception_handlers={NotFound: not_found, ValueError: bad_request, HTTPException: http_error},
         lifespan=lifespan,
         middleware=[Middleware(_SecurityHeaders)],

@@ -315,20 +315,17 @@ class FilesCatalog:
         return Page(tuple(items), total, offset, limit, complete)
 
     def _find_store(self, session_id: str) -> tuple[_StoreSource, SessionRow]:
+        """The store holding `session_id` and its row, brought up to date first (blocking)."""
         if not is_session_id(session_id):
             raise NotFound(f"{session_id!r} is not a session id")
         for s in self._stores.values():
+            if not (s.path / session_id / "session.json").is_file():
+                continue
+            s.index.index_one(session_id)
             with s.index.read() as db:
                 r = db.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id=?", (session_id,)).fetchone()
             if r is not None:
                 return s, _session_row(r)
-        for s in self._stores.values():  # not indexed yet: index this one now
-            if (s.path / session_id / "session.json").is_file():
-                s.index.index_one(session_id)
-                with s.index.read() as db:
-                    r = db.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id=?", (session_id,)).fetchone()
-                if r is not None:
-                    return s, _session_row(r)
         raise NotFound(f"no session {session_id!r}")
 
     def _tree(self, s: _StoreSource, session_id: str) -> SessionNode:
@@ -600,7 +597,7 @@ class FilesCatalog:
             paths = [g.path / "state.json", g.path / "result.json"]
         elif kind == "session":
             s, _ = await trio.to_thread.run_sync(self._find_store, item_id)
-            paths = [s.path / item_id / "messages.jsonl", s.path / item_id / "session.json"]
+            paths = [s.path / item_id / "messages.jsonl", s.path / item_id / "session.json"]  # (indexed by _find_store)
         else:
             raise NotFound(f"unknown kind {kind!r}")
         token = repr([_stat_key(p) for p in paths])
@@ -608,8 +605,6 @@ class FilesCatalog:
             src = self._evals[item_id]
             if not await trio.to_thread.run_sync(src.index.up_to_date):
                 await trio.to_thread.run_sync(src.index.update, 20_000)
-        if kind == "session":
-            await trio.to_thread.run_sync(s.index.index_one, item_id)
         return token
 
 

@@ -29,8 +29,9 @@ class ServerLinks:
 
     static_bundle = False
 
-    def __init__(self, prefix: str = "") -> None:
+    def __init__(self, prefix: str = "", nav: tuple[tuple[str, str], ...] = ()) -> None:
         self.prefix = prefix.rstrip("/")
+        self.nav = nav  # (label, url) of pages a host app adds (the service: batches, GEPA jobs, agents)
 
     def _u(self, path: str) -> str:
         return self.prefix + path
@@ -80,6 +81,7 @@ class BundleLinks:
     (a path such as "evals/run-ab12cd.html"). `include` decides which pages exist."""
 
     static_bundle = True
+    nav: tuple[tuple[str, str], ...] = ()
 
     def __init__(
         self, current: str, *, sessions: set[str] | None = None, samples: set[tuple[str, str]] | None = None

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jinja2
+from markupsafe import Markup
 
 from rollouts.view.catalog import (
     METRIC_OPS,
@@ -43,6 +44,12 @@ def _env() -> jinja2.Environment:
 
 def render(template: str, links: Links, **context: Any) -> str:
     return _env().get_template(template).render(links=links, **context)
+
+
+def render_page(links: Links, title: str, body: str) -> str:
+    """`body` (HTML the caller built and escaped) in the viewer's layout: for pages a host app
+    adds through `create_app(routes=...)`."""
+    return render("page.html", links, title=title, body=Markup(body))
 
 
 def _int(params: Params, name: str, default: int = 0) -> int:
