@@ -4,6 +4,7 @@ ids that never reach the file system."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,19 @@ async def test_bad_filter_keys_are_a_value_error(tmp_path: Path) -> None:
     page = await catalog.list_samples(run, SampleQuery(meta=("level", "hard")))
     assert [s.sample_id for s in page.items] == ["q000"]
     assert json.loads(json.dumps(page.items[0].metrics)) == {"correct": 1.0, "length": 1.0}
+
+
+async def test_runs_without_their_final_file_are_running_until_they_go_quiet(tmp_path: Path) -> None:
+    from _view_data import write_gepa
+
+    write_eval(tmp_path / "ev", [make_sample(0, True)], "x", report=False)
+    write_gepa(tmp_path / "gp", finished=False, n=2)
+    catalog = FilesCatalog([tmp_path], cache_dir=tmp_path / "cache")
+    ev, gp = catalog.run_id(tmp_path / "ev"), catalog.run_id(tmp_path / "gp")
+    assert (await catalog.get_eval_run(ev)).row.status == "running"
+    assert (await catalog.get_gepa_run(gp)).row.status == "running"
+    old = 1_700_000_000
+    os.utime(tmp_path / "ev" / SAMPLES_FILE, (old, old))
+    os.utime(tmp_path / "gp" / "state.json", (old, old))
+    assert (await catalog.get_eval_run(ev)).row.status == "interrupted"
+    assert (await catalog.get_gepa_run(gp)).row.status == "interrupted"

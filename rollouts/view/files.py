@@ -25,8 +25,9 @@ import json
 import os
 import re
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,6 +63,7 @@ from rollouts.view.catalog import (
 
 CACHE_DIR_ENV = "ROLLOUTS_VIEW_CACHE"
 _TREE_MAX = 500
+STALE_AFTER_S = 600.0
 _SCAN_DEPTH = 2
 _SCAN_MAX_ENTRIES = 5000
 
@@ -123,13 +125,23 @@ class _StoreSource:
     store: FileSessionStore
 
 
+def _unfinished(path: Path) -> str:
+    """A run without its final file: "running" while `path` was written to in the last
+    STALE_AFTER_S seconds, else "interrupted" (killed, or stopped without finishing)."""
+    try:
+        age = time.time() - path.stat().st_mtime
+    except OSError:
+        return "interrupted"
+    return "running" if age < STALE_AFTER_S else "interrupted"
+
+
 def _row_from_report_status(path: Path) -> tuple[str, Mapping[str, Any]]:
     try:
         report = json.loads((path / "report.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return "running", {}
+        return _unfinished(path / "samples.jsonl"), {}
     if not isinstance(report, Mapping):
-        return "running", {}
+        return _unfinished(path / "samples.jsonl"), {}
     return str(report.get("status") or "completed"), report
 
 
@@ -450,8 +462,8 @@ class FilesCatalog:
         def run() -> Sample:
             with src.index.read() as db:
                 r = db.execute("SELECT off, len FROM samples WHERE id=?", (sample_id,)).fetchone()
-            if r is None:
-                src.index.update(10**9)  # maybe appended since the last pass
+            if r is None and not src.index.up_to_date():
+                src.index.update(5000)  # maybe appended since the last pass
                 with src.index.read() as db:
                     r = db.execute("SELECT off, len FROM samples WHERE id=?", (sample_id,)).fetchone()
             if r is None:
@@ -507,8 +519,14 @@ class FilesCatalog:
 
     def _gepa_detail(self, src: _GepaSource) -> GepaRunDetail:
         key = tuple(_stat_key(src.path / n) for n in ("result.json", "state.json"))
-        if key == src.cache_key and src.cached is not None:
-            return src.cached
+        if key != src.cache_key or src.cached is None:
+            src.cached, src.cache_key = self._read_gepa(src), key
+        detail = src.cached
+        if detail.row.status == "running":
+            detail = replace(detail, row=replace(detail.row, status=_unfinished(src.path / "state.json")))
+        return detail
+
+    def _read_gepa(self, src: _GepaSource) -> GepaRunDetail:
         result: GEPAResult | None = None
         status = "running"
         try:
@@ -538,7 +556,6 @@ class FilesCatalog:
                 iterations=result.iterations,
             )
             detail = GepaRunDetail(row, result.candidates, result.history, result.pareto_front, result.valset_size)
-        src.cache_key, src.cached = key, detail
         return detail
 
     async def list_gepa_runs(self) -> Sequence[GepaRunRow]:
