@@ -33,16 +33,21 @@ from typing import Any, Literal
 
 import trio
 
-from rollouts.dtypes import Message
 from rollouts.eval.sample import Sample
-from rollouts.gepa.result import GEPAResult
-from rollouts.gepa.state import GEPAState
 from rollouts.store.base import SessionError, is_session_id
 from rollouts.store.files import FileSessionStore, default_sessions_dir
+from rollouts.view._gepa_files import REFLECTIONS_FILE, is_gepa_dir, read_gepa_dir, read_reflections
 from rollouts.view._index import EvalIndex, SessionIndex
+from rollouts.view._sql import (
+    SAMPLE_COLS,
+    SESSION_COLS,
+    sample_order,
+    sample_row,
+    sample_where,
+    session_row,
+    session_where,
+)
 from rollouts.view.catalog import (
-    METRIC_OPS,
-    SAMPLE_SORTS,
     CompareRow,
     Comparison,
     EvalRunDetail,
@@ -93,12 +98,6 @@ def _is_session_store(path: Path) -> bool:
     except OSError:
         return False
     return False
-
-
-def _is_gepa_dir(path: Path) -> bool:
-    return (path / "state.json").is_file() or (
-        (path / "result.json").is_file() and (path / "best_candidate.json").is_file()
-    )
 
 
 @dataclass
@@ -197,7 +196,7 @@ class FilesCatalog:
                 idx = EvalIndex(_index_file(self.cache_dir, "eval", path), path / "samples.jsonl")
                 self._evals[rid] = _EvalSource(rid, path, idx)
             return
-        if _is_gepa_dir(path):
+        if is_gepa_dir(path):
             rid = _slug(path)
             self._gepa.setdefault(rid, _GepaSource(rid, path))
             return
@@ -283,23 +282,6 @@ class FilesCatalog:
     # sessions
     # ----------------------------------------------------------------------------------------
 
-    def _session_where(self, q: SessionQuery) -> tuple[str, list[Any]]:
-        clauses: list[str] = []
-        args: list[Any] = []
-        if q.text:
-            clauses.append("instr(text, ?) > 0")  # the index keeps text lowercased
-            args.append(q.text.lower())
-        if q.status:
-            clauses.append("status = ?")
-            args.append(q.status)
-        if q.model:
-            clauses.append("model = ?")
-            args.append(q.model)
-        if q.tag is not None:
-            clauses.append("json_extract(tags, ?) = ?")
-            args.extend([_json_path(q.tag[0]), q.tag[1]])
-        return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
-
     async def list_sessions(self, query: SessionQuery) -> Page[SessionRow]:
         offset, limit = clamp_page(query.offset, query.limit)
         stores = list(self._stores.values())
@@ -308,7 +290,7 @@ class FilesCatalog:
             await self._wait_for(
                 lambda: all(s.index.state("ready") or _count(s.index) >= offset + limit for s in stores), 50
             )
-        where, args = self._session_where(query)
+        where, args = session_where(query)
 
         def run() -> tuple[list[SessionRow], int, bool]:
             rows: list[SessionRow] = []
@@ -317,9 +299,9 @@ class FilesCatalog:
                 with s.index.read() as db:
                     total += db.execute(f"SELECT count(*) FROM sessions{where}", args).fetchone()[0]
                     got = db.execute(
-                        f"SELECT {_SESSION_COLS} FROM sessions{where} ORDER BY id DESC LIMIT ?", [*args, offset + limit]
+                        f"SELECT {SESSION_COLS} FROM sessions{where} ORDER BY id DESC LIMIT ?", [*args, offset + limit]
                     ).fetchall()
-                    rows.extend(_session_row(r) for r in got)
+                    rows.extend(session_row(r) for r in got)
             rows.sort(key=lambda r: r.session_id, reverse=True)
             return rows[offset : offset + limit], total, all(not _pending(s.index) for s in stores)
 
@@ -335,9 +317,9 @@ class FilesCatalog:
                 continue
             s.index.index_one(session_id)
             with s.index.read() as db:
-                r = db.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id=?", (session_id,)).fetchone()
+                r = db.execute(f"SELECT {SESSION_COLS} FROM sessions WHERE id=?", (session_id,)).fetchone()
             if r is not None:
-                return s, _session_row(r)
+                return s, session_row(r)
         raise NotFound(f"no session {session_id!r}")
 
     def _tree(self, s: _StoreSource, session_id: str) -> SessionNode:
@@ -379,14 +361,6 @@ class FilesCatalog:
         except (OSError, ValueError):
             meta = {}
         return SessionDetail(row, meta, tuple(messages[offset:]), offset, n, tree)
-
-    async def session_messages(self, session_id: str, start: int, stop: int) -> tuple[Message, ...]:
-        """history[start:stop] of a session (reads only up to `stop`)."""
-        s, _ = await trio.to_thread.run_sync(self._find_store, session_id)
-        try:
-            return tuple((await s.store.messages(session_id, max(0, stop)))[max(0, start) :])
-        except SessionError as e:
-            raise NotFound(str(e)) from None
 
     # ----------------------------------------------------------------------------------------
     # evaluations
@@ -437,8 +411,8 @@ class FilesCatalog:
     async def list_samples(self, run_id: str, query: SampleQuery) -> Page[SampleRow]:
         src = self._eval(run_id)
         offset, limit = clamp_page(query.offset, query.limit)
-        where, args = _sample_where(query)
-        order = _sample_order(query)
+        where, args = sample_where(query)
+        order = sample_order(query)
         if where or not order.startswith("seq"):
             await self._without_indexer()
         else:
@@ -448,10 +422,10 @@ class FilesCatalog:
             with src.index.read() as db:
                 total = db.execute(f"SELECT count(*) FROM samples{where}", args).fetchone()[0]
                 rows = db.execute(
-                    f"SELECT {_SAMPLE_COLS} FROM samples{where} ORDER BY {order} LIMIT ? OFFSET ?",
+                    f"SELECT {SAMPLE_COLS} FROM samples{where} ORDER BY {order} LIMIT ? OFFSET ?",
                     [*args, limit, offset],
                 ).fetchall()
-            return [_sample_row(r) for r in rows], total
+            return [sample_row(r) for r in rows], total
 
         items, total = await trio.to_thread.run_sync(run)
         return Page(tuple(items), total, offset, limit, not _pending(src.index))
@@ -520,42 +494,10 @@ class FilesCatalog:
     def _gepa_detail(self, src: _GepaSource) -> GepaRunDetail:
         key = tuple(_stat_key(src.path / n) for n in ("result.json", "state.json"))
         if key != src.cache_key or src.cached is None:
-            src.cached, src.cache_key = self._read_gepa(src), key
+            src.cached, src.cache_key = read_gepa_dir(src.path, src.run_id), key
         detail = src.cached
         if detail.row.status == "running":
             detail = replace(detail, row=replace(detail.row, status=_unfinished(src.path / "state.json")))
-        return detail
-
-    def _read_gepa(self, src: _GepaSource) -> GepaRunDetail:
-        result: GEPAResult | None = None
-        status = "running"
-        try:
-            if (src.path / "result.json").is_file():
-                result = GEPAResult.from_dict(json.loads((src.path / "result.json").read_text(encoding="utf-8")))
-                status = result.stop_reason or "finished"
-            elif (src.path / "state.json").is_file():
-                state = GEPAState.from_dict(json.loads((src.path / "state.json").read_text(encoding="utf-8")))
-                if state.candidates:
-                    result = state.to_result("running", None, str(src.path))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise NotFound(f"GEPA run {src.run_id} cannot be read ({type(e).__name__}: {e})") from None
-        if result is None:
-            detail = GepaRunDetail(GepaRunRow(src.run_id, src.path.name, str(src.path), status), (), (), (), 0)
-        else:
-            row = GepaRunRow(
-                run_id=src.run_id,
-                name=src.path.name,
-                location=str(src.path),
-                status=status,
-                n_candidates=len(result.candidates),
-                best_idx=result.best_idx,
-                best_score=result.best_score,
-                seed_score=result.seed_score,
-                metric_calls=result.metric_calls,
-                max_metric_calls=result.max_metric_calls,
-                iterations=result.iterations,
-            )
-            detail = GepaRunDetail(row, result.candidates, result.history, result.pareto_front, result.valset_size)
         return detail
 
     async def list_gepa_runs(self) -> Sequence[GepaRunRow]:
@@ -578,28 +520,8 @@ class FilesCatalog:
 
     async def gepa_reflections(self, run_id: str, iteration: int) -> Sequence[Reflection]:
         src = self._gepa_src(run_id)
-        prefix = b'{"key":"' + str(int(iteration)).encode() + b":"
 
-        def run() -> list[Reflection]:
-            found: list[Reflection] = []
-            try:
-                with open(src.path / "reflections.jsonl", "rb") as f:
-                    for line in f:  # streamed; only this iteration's lines are parsed
-                        if not line.startswith(prefix) or not line.endswith(b"\n"):
-                            continue
-                        try:
-                            d = json.loads(line)
-                        except ValueError:
-                            continue
-                        found.append(
-                            Reflection(int(d.get("iteration", iteration)), str(d.get("component", "")),
-                                       str(d.get("prompt", "")), str(d.get("answer", "")))
-                        )  # fmt: skip
-            except FileNotFoundError:
-                pass
-            return found
-
-        return await trio.to_thread.run_sync(run)
+        return await trio.to_thread.run_sync(read_reflections, src.path / REFLECTIONS_FILE, int(iteration))
 
     # ----------------------------------------------------------------------------------------
     # live
@@ -628,78 +550,6 @@ class FilesCatalog:
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-
-_SESSION_COLS = "id, status, model, provider, parent_id, branch_point, tags, created_at, updated_at, n_own, tokens, cost, errors, preview"
-_SAMPLE_COLS = "id, seq, status, reward, metrics, turns, tokens, cost, duration, error, input_text, response_text"
-_SORT_COLUMNS = {"seq": "seq", "id": "id", "reward": "reward", "status": "status", "turns": "turns",
-                 "tokens": "tokens", "cost": "cost", "time": "duration"}  # fmt: skip
-
-
-def _json_path(key: str) -> str:
-    if '"' in key or "\\" in key:
-        raise ValueError(f"{key!r}: a metric or metadata key for filtering cannot contain quotes or backslashes")
-    return f'$."{key}"'
-
-
-def _session_row(r: Sequence[Any]) -> SessionRow:
-    try:
-        tags = json.loads(r[6] or "{}")
-    except ValueError:
-        tags = {}
-    return SessionRow(
-        session_id=r[0], status=r[1], model=r[2], provider=r[3], parent_id=r[4], branch_point=r[5],
-        tags={str(k): str(v) for k, v in tags.items()}, created_at=r[7], updated_at=r[8],
-        n_messages=(r[5] or 0) + r[9], tokens=r[10], cost_usd=r[11], errors=r[12], preview=r[13],
-    )  # fmt: skip
-
-
-def _sample_row(r: Sequence[Any]) -> SampleRow:
-    return SampleRow(
-        sample_id=r[0], seq=r[1], status=r[2], reward=r[3], metrics=json.loads(r[4] or "{}"), turns=r[5],
-        tokens=r[6], cost_usd=r[7], duration_s=r[8], error=r[9], input_preview=(r[10] or "")[:300],
-        response_preview=(r[11] or "")[:300],
-    )  # fmt: skip
-
-
-def _sample_where(q: SampleQuery) -> tuple[str, list[Any]]:
-    clauses: list[str] = []
-    args: list[Any] = []
-    if q.text:
-        clauses.append("instr(search, ?) > 0")
-        args.append(q.text.lower())
-    if q.status:
-        clauses.append("status = ?")
-        args.append(q.status)
-    if q.failed is not None:
-        clauses.append("failed = ?")
-        args.append(int(q.failed))
-    if q.metric and q.value is not None:
-        if q.op not in METRIC_OPS:
-            raise ValueError(f"op must be one of {METRIC_OPS}, got {q.op!r}")
-        if q.metric == "reward":
-            clauses.append(f"reward {q.op} ?")
-        else:
-            clauses.append(f"json_extract(metrics, ?) {q.op} ?")
-            args.append(_json_path(q.metric))
-        args.append(q.value)
-    if q.meta is not None:
-        clauses.append("json_extract(metadata, ?) = ?")
-        args.extend([_json_path(q.meta[0]), q.meta[1]])
-    return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
-
-
-def _sample_order(q: SampleQuery) -> str:
-    # ties in the same direction, so an index on (column, seq) serves the order both ways
-    direction = "DESC" if q.descending else "ASC"
-    if q.sort.startswith("metric:"):
-        name = q.sort.split(":", 1)[1]
-        path = _json_path(name).replace("'", "''")
-        return f"json_extract(metrics, '{path}') {direction}, seq {direction}"
-    if q.sort not in SAMPLE_SORTS:
-        raise ValueError(f"sort must be one of {SAMPLE_SORTS} or metric:<name>, got {q.sort!r}")
-    if q.sort in ("seq", "id"):
-        return f"{_SORT_COLUMNS[q.sort]} {direction}"
-    return f"{_SORT_COLUMNS[q.sort]} {direction}, seq {direction}"
 
 
 def _stat_key(path: Path) -> tuple[int, int, int] | None:

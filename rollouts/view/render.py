@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
 from rollouts.dtypes import Message, TextContent, ThinkingContent, ToolCallContent
 from rollouts.gepa.result import CandidateRecord, IterationRecord
@@ -229,7 +229,3 @@ def lineage_tree(candidates: Sequence[CandidateRecord], on_front: Iterable[int],
         return Markup('<li class="{}" data-candidate="{}">{}{}{}{}</li>').format(classes, c.idx, head, mark, merge, sub)
 
     return Markup('<ul class="tree">{}</ul>').format(Markup("").join(item(r, 0) for r in roots))
-
-
-def escape_text(text: str) -> Markup:
-    return escape(text)
