@@ -145,7 +145,8 @@ def main() -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         cmd = [sys.executable, "-m", "rollouts.cli", "view", str(base / "run"), str(base / "sessions"),
                "--cache-dir", str(base / "cache")]  # fmt: skip
-        server = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        server_log = open(base / "server.log", "w")  # closed below
+        server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=server_log, text=True, env=env)
         try:
             assert server.stdout is not None
             line = server.stdout.readline()
@@ -187,9 +188,15 @@ def main() -> None:
                     "sessions_total": sessions["total"],
                     "rss_mb": round(peak_rss_mb(server.pid), 1),
                 }
+        except BaseException:
+            server.terminate()
+            server.wait(timeout=30)
+            print((base / "server.log").read_text()[-5000:], file=sys.stderr)
+            raise
         finally:
             server.terminate()
             server.wait(timeout=30)
+            server_log.close()
     print(json.dumps(out))
 
 

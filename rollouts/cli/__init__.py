@@ -32,6 +32,7 @@ examples:
   rollouts gepa train.jsonl -m local/qwen2.5-coder-0.5b --reflection-model anthropic/claude-sonnet-4-5 \\
       --score exact_match --system-prompt "Answer briefly." --budget 200
   rollouts sessions list
+  rollouts view results/ ~/.rollouts/sessions        # browse sessions, eval runs and GEPA runs
   rollouts demo                                      # the whole stack offline, no key
   rollouts doctor
 

@@ -68,7 +68,9 @@ class _Index:
     @contextlib.contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
         """A read connection (closed after)."""
-        db = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=30, check_same_thread=False)
+        # (not mode=ro: a read-only connection cannot recreate the -shm file a WAL database
+        # needs when the last writer has just closed and removed it)
+        db = sqlite3.connect(self.db_path, timeout=30, check_same_thread=False)
         try:
             yield db
         finally:

@@ -459,7 +459,7 @@ class FilesCatalog:
 
         def run() -> Comparison:
             with a.index.read() as db:
-                db.execute("ATTACH DATABASE ? AS other", (f"file:{b.index.db_path}?mode=ro",))
+                db.execute("ATTACH DATABASE ? AS other", (str(b.index.db_path),))
                 join = "FROM main.samples x JOIN other.samples y ON x.id = y.id"
                 delta = "(coalesce(y.reward,0) - coalesce(x.reward,0))"
                 shared, regressed, improved = db.execute(

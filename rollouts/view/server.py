@@ -7,7 +7,6 @@ async with trio.open_nursery() as nursery:
 from __future__ import annotations
 
 import functools
-import logging
 
 import trio
 from hypercorn.config import Config
@@ -19,9 +18,9 @@ def _config(host: str, port: int, *, quiet: bool) -> Config:
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.graceful_timeout = 1.0
-    if quiet:
-        config.accesslog = None
-        config.errorlog = logging.getLogger("rollouts.view.server")
+    config.accesslog = None if quiet else "-"
+    config.errorlog = "-"  # errors (a page that failed) always reach stderr
+    config.loglevel = "WARNING" if quiet else "INFO"
     return config
 
 
