@@ -131,6 +131,7 @@ def create_app(
     their (label, url) to the top navigation; `pages.render_page` renders them in the same
     layout."""
     links = ServerLinks(prefix, tuple(nav))
+    pages.compile_templates()
 
     def html(render: Callable[[Request], Awaitable[str]]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:

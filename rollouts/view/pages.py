@@ -42,6 +42,14 @@ def _env() -> jinja2.Environment:
     return environment()
 
 
+def compile_templates() -> None:
+    """Compile every template now (the app does it at creation), so that no first request
+    pays for it."""
+    env = _env()
+    for name in env.list_templates(extensions=["html"]):
+        env.get_template(name)
+
+
 def render(template: str, links: Links, **context: Any) -> str:
     return _env().get_template(template).render(links=links, **context)
 
