@@ -334,7 +334,7 @@ def _message_text(m: Mapping[str, Any]) -> str:
 class SessionIndex(_Index):
     """The index of one FileSessionStore root (`root/<session id>/session.json, messages.jsonl`)."""
 
-    VERSION = 3
+    VERSION = 4
     SCHEMA = """
     CREATE TABLE IF NOT EXISTS sessions(
         id TEXT PRIMARY KEY, parent_id TEXT, branch_point INTEGER, status TEXT, model TEXT,
@@ -444,7 +444,7 @@ class SessionIndex(_Index):
                     if isinstance(details, Mapping) and details.get("is_error"):
                         errors += 1
                     t = _message_text(m)
-                    if not preview and m.get("role") == "user" and t:
+                    if not preview and t and (m.get("role") == "user" or meta.get("parent_id")):
                         preview = t[:200]
                     if size < SESSION_TEXT_CAP and t:
                         parts.append(t[: SESSION_TEXT_CAP - size].lower())
