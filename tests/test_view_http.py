@@ -175,6 +175,8 @@ async def test_gepa_pages_plot_lineage_front_candidate_and_reflections(view: Vie
     html = await _ok(view, f"/gepa/{run}")
     assert '<svg class="plot"' in html and "<path d=" in html
     assert 'class="front best" data-candidate="3"' in html and "★" in html
+    matrix = _rows(html, "instance-scores")
+    assert len(matrix) == 4 and "#3" in matrix[0] and matrix[0].count('class="n cell top"') == 4
     html = await _ok(view, f"/gepa/{run}/candidates/3")
     assert '<span class="add">+Check operator precedence.</span>' in html
     assert "Improve this prompt (iteration 3)" in html  # the reflection
