@@ -153,7 +153,7 @@ class FilesCatalog:
         paths: Iterable[str | os.PathLike[str]] | None = None,
         *,
         cache_dir: str | os.PathLike[str] | None = None,
-        refresh_interval: float = 2.0,
+        refresh_interval: float = 5.0,
     ) -> None:
         given = [Path(p).expanduser().resolve() for p in (paths or ())]
         if not given:
