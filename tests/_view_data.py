@@ -21,6 +21,7 @@ from rollouts.dtypes import (
 from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, SampleLog, write_json_atomic
 from rollouts.eval.report import EvalReport
 from rollouts.eval.sample import Metric, Sample, Score
+from rollouts.gepa.budget import Budget
 from rollouts.gepa.checkpoint import REFLECTIONS_FILE, STATE_FILE, JsonlLog, write_result_files
 from rollouts.gepa.result import CandidateRecord, GEPAResult, IterationRecord
 from rollouts.gepa.state import GEPAState
@@ -146,7 +147,7 @@ def write_gepa(run_dir: Path, *, finished: bool = True, n: int = 4) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     result = gepa_result(n)
     state = GEPAState(valset_size=4, candidates=list(result.candidates), history=list(result.history),
-                      iteration=n - 1, metric_calls=result.metric_calls)  # fmt: skip
+                      iteration=n - 1, budget=Budget(spent=result.metric_calls))  # fmt: skip
     write_json_atomic(run_dir / STATE_FILE, state.to_dict())
     log = JsonlLog(run_dir / REFLECTIONS_FILE)
     for i in range(1, n):
@@ -189,7 +190,7 @@ def append_gepa_candidate(run_dir: Path, n: int) -> None:
     """Rewrite state.json as a running GEPA run with `n` candidates (what the engine does)."""
     result = gepa_result(n)
     state = GEPAState(valset_size=4, candidates=list(result.candidates), history=list(result.history),
-                      iteration=n - 1, metric_calls=result.metric_calls)  # fmt: skip
+                      iteration=n - 1, budget=Budget(spent=result.metric_calls))  # fmt: skip
     write_json_atomic(run_dir / STATE_FILE, state.to_dict())
 
 
