@@ -189,10 +189,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def api_process(db_url: str, port: int, log: Path) -> trio.Process:
+async def api_process(db_url: str, port: int, log: Path, extra: list[str] | None = None) -> trio.Process:
     """`rollouts service serve` in another process (clients retry until it accepts connections)."""
     return await trio.lowlevel.open_process(
-        [sys.executable, "-m", "rollouts.cli", "service", "serve", "--port", str(port), "--workers", "0"],
+        [
+            sys.executable,
+            "-m",
+            "rollouts.cli",
+            "service",
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            "0",
+            *(extra or []),
+        ],
         env=_env(db_url),
         stderr=log.open("ab"),
     )
@@ -545,3 +556,150 @@ async def test_token_cli_create_list_revoke(db_url: str, capsys: pytest.CaptureF
     finally:
         store.close()
     assert main(["service", "token", "revoke", "--db", db_url, created["token_id"]]) == 2
+
+
+# ---- GEPA ---------------------------------------------------------------------------------------
+
+_TAG = "[T:{}]"
+
+
+class TagProvider(Provider):
+    """The "tags" task: the agent answers `OK <topic>` when its system prompt holds [T:<topic>],
+    else `NO`; the reflection model adds the tag of the first topic the feedback says was
+    wrong. Reflection calls can be held at `reflection_gate` from call `gate_from` on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reflections = 0
+        self.reflection_gate: trio.Event | None = None
+        self.gate_from = 0
+        self.reflection_arrived = trio.Event()
+
+    async def __call__(self, request: RecordedRequest) -> Any:
+        messages = request.json["messages"]
+        text = messages[-1]["content"]
+        if text.startswith("I gave an assistant"):
+            self.reflections += 1
+            if self.reflection_gate is not None and self.reflections >= self.gate_from:
+                self.reflection_arrived.set()
+                await self.reflection_gate.wait()
+            current = text.split("```")[1].strip("\n")
+            for topic in re_findall(r"expected 'OK (\w+)', got", text):
+                if _TAG.format(topic) not in current:
+                    return f"```\n{current}\n{_TAG.format(topic)}\n```"
+            return f"```\n{current}\n```"
+        self.calls[text] += 1
+        system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+        topic = text.split("topic: ")[-1]
+        return f"OK {topic}" if _TAG.format(topic) in system else "NO"
+
+
+def re_findall(pattern: str, text: str) -> list[str]:
+    import re
+
+    return re.findall(pattern, text)
+
+
+def tag_rows(topics: str) -> list[dict[str, Any]]:
+    return [{"user_message": f"topic: {t}", "context": {"answer": f"OK {t}"}} for t in topics]
+
+
+async def test_optimize_through_the_service_with_an_exact_budget(db_url: str) -> None:
+    from rollouts import Endpoint
+    from rollouts.gepa import optimize
+    from rollouts.service.gepa_adapter import ServiceAdapter
+
+    async with service(db_url) as svc:
+        svc.provider.__class__ = TagProvider  # (the same server, the tags task's replies)
+        TagProvider.__init__(svc.provider)  # type: ignore[misc]
+        agent_id = await svc.agent()
+        adapter = ServiceAdapter.over_client(svc.client, agent_id, score="exact_match", parallelism=8)
+        reflector = Endpoint("openai-compatible", "reflect", api_base=svc.srv.base_url, api_key="x", transport="http")
+        result = await optimize(
+            "Answer.", tag_rows("abcab"), tag_rows("abc"), adapter=adapter, reflection_endpoint=reflector,
+            max_metric_calls=40, reflection_minibatch_size=2,
+        )  # fmt: skip
+        assert result.best_score == 1.0
+        assert all(_TAG.format(t) in result.best_candidate["system_prompt"] for t in "abc")
+        assert result.metric_calls <= 40
+        assert adapter.tasks_run == result.metric_calls  # every metric call is one task, run once
+
+
+async def test_adapter_reports_timeouts_as_failed_instances_with_feedback(db_url: str) -> None:
+    from rollouts.service.gepa_adapter import ServiceAdapter
+
+    async with service(db_url) as svc:
+        svc.provider.gates["late 1"] = trio.Event()
+        agent_id = await svc.agent()
+        adapter = ServiceAdapter.over_client(svc.client, agent_id, score="exact_match_tag", poll_timeout_s=1.0)
+        rows = [
+            {"user_message": "late 0", "context": {"answer": "0"}},
+            {"user_message": "late 1", "context": {"answer": "1"}},
+        ]
+        batch = await adapter.evaluate(rows, {"system_prompt": "x"}, capture_traces=True)
+        assert list(batch.scores) == [1.0, 0.0]
+        assert batch.feedback is not None and "did not complete (timeout)" in batch.feedback[1]
+        records = adapter.make_reflective_dataset({"system_prompt": "x"}, batch, ["system_prompt"])
+        assert "timeout" in records["system_prompt"][1]["Feedback"]
+
+
+async def test_gepa_job_through_the_api_creates_and_promotes_a_version(db_url: str) -> None:
+    async with service(db_url) as svc:
+        svc.provider.__class__ = TagProvider
+        TagProvider.__init__(svc.provider)  # type: ignore[misc]
+        agent_id = await svc.agent()
+        job = await svc.client.start_gepa(
+            agent_id, trainset=tag_rows("abcab"), valset=tag_rows("abc"), score="exact_match", max_metric_calls=40,
+            minibatch_size=2, parallelism=8, reflection_model=endpoint(svc.srv.base_url), promote=True,
+        )  # fmt: skip
+        assert job["status"] == "queued"
+        done = await svc.client.wait_gepa(job["job_id"])
+        assert done["status"] == "completed", done
+        assert done["best_score"] == 1.0 and done["metric_calls"] <= 40
+        assert done["created_version"] == 2 and done["lineage"][0]["parents"] == []
+        agent = await svc.client.get_agent(agent_id)
+        assert agent["active_version"] == 2
+        version = agent["version"]
+        assert version["source"] == "gepa" and version["parent_version"] == 1
+        assert all(_TAG.format(t) in version["system_prompt"] for t in "abc")
+        ran = await svc.store.read(
+            lambda tx: tx.one("SELECT COUNT(*) FROM tasks WHERE batch_id IN (SELECT id FROM batches WHERE config LIKE ?)", (f'%{job["job_id"]}%',))
+        )  # fmt: skip
+        assert ran is not None and ran[0] == done["metric_calls"]  # the budget, exactly
+
+
+async def test_gepa_job_resumes_after_the_server_restarts(db_url: str, tmp_path: Path) -> None:
+    provider = TagProvider()
+    provider.reflection_gate = trio.Event()
+    provider.gate_from = 2
+    log = tmp_path / "service.log"
+    port = free_port()
+    async with open_fake_server(provider) as srv:
+        store = await Store.open(db_url)
+        _, token = await store.call(accounts.create_token, "main")
+        serve_cmd = ["--job-lease", "2", "--data-dir"]
+        api = await api_process(db_url, port, log, [*serve_cmd, str(tmp_path / "first")])
+        worker = await worker_process(db_url, log, lease_s=4.0, concurrency=8)
+        client = ServiceClient(f"http://127.0.0.1:{port}", token, reconnect_s=120)
+        try:
+            agent = await client.create_agent("calc", endpoint(srv.base_url), system_prompt="Answer.")
+            job = await client.start_gepa(
+                agent["agent_id"], trainset=tag_rows("abcab"), valset=tag_rows("abc"), score="exact_match",
+                max_metric_calls=40, minibatch_size=2, parallelism=8, reflection_model=endpoint(srv.base_url),
+            )  # fmt: skip
+            await provider.reflection_arrived.wait()  # iteration 1 is checkpointed, iteration 2 reflecting
+            await kill(api)
+            api = await api_process(db_url, port, log, [*serve_cmd, str(tmp_path / "second")])  # (no run dir)
+            provider.reflection_gate.set()
+            done = await client.wait_gepa(job["job_id"])
+        finally:
+            await client.aclose()
+            for proc in (api, worker):
+                if proc.returncode is None:
+                    await kill(proc)
+        ran = await store.read(lambda tx: tx.one("SELECT COUNT(*) FROM tasks"))
+        store.close()
+    assert done["status"] == "completed", (done["error"], log.read_text())
+    assert done["best_score"] == 1.0 and done["created_version"] == 2
+    assert ran is not None and ran[0] == done["metric_calls"] <= 40  # nothing paid for twice
+    assert sum(provider.calls.values()) == done["metric_calls"]

@@ -54,6 +54,13 @@ _log = logging.getLogger("rollouts.service.gepa_jobs")
 _TERMINAL = ("completed", "failed", "cancelled")
 
 
+def _describe(e: BaseException) -> str:
+    """`Type: message` of the error, or of each error inside (nested) exception groups."""
+    if isinstance(e, BaseExceptionGroup):
+        return "; ".join(_describe(x) for x in e.exceptions if not isinstance(x, trio.Cancelled))
+    return f"{type(e).__name__}: {e}"
+
+
 class GEPAJobs:
     """Claims and runs GEPA jobs (see the module docstring); also serves the job routes."""
 
@@ -94,11 +101,10 @@ class GEPAJobs:
         try:
             await self._execute(job)
         except Exception as e:
-            _log.error("GEPA job %s failed: %s: %s", job["job_id"], type(e).__name__, e)
+            error = _describe(e)
+            _log.error("GEPA job %s failed: %s", job["job_id"], error)
             with trio.CancelScope(shield=True):
-                await self.store.call(
-                    jobs.finish_job, job["job_id"], self.owner, status="failed", error=f"{type(e).__name__}: {e}"
-                )
+                await self.store.call(jobs.finish_job, job["job_id"], self.owner, status="failed", error=error)
         finally:
             self._running -= 1
             self._wake.set()

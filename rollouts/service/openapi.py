@@ -64,6 +64,19 @@ SCHEMAS: dict[str, Any] = {
             "tags": {"type": "array", "items": _S},
         }
     ),
+    "AgentInput": _obj(
+        {
+            "name": _S,
+            "endpoint": _ref("Endpoint"),
+            "environment": {**_S, "description": "basic, calculator, none or module:Class"},
+            "system_prompt": _S,
+            "max_turns": {**_I, "default": 10},
+            "tags": {"type": "array", "items": _S},
+        },
+        ["name", "endpoint"],
+    ),
+    "AgentList": _obj({"agents": {"type": "array", "items": _ref("Agent")}}),
+    "VersionList": _obj({"versions": {"type": "array", "items": _ref("AgentVersion")}}),
     "AgentVersion": _obj(
         {
             "agent_id": _S,
@@ -210,12 +223,12 @@ def openapi() -> dict[str, Any]:
     a, v, b, j = ["agent_id"], ["agent_id", "version"], ["batch_id"], ["job_id"]
     paths = {
         "/v1/agents": {
-            "post": _op("Create an agent (its version 1, active)", "Agent", body="VersionInput", code="201"),
-            "get": _op("List the workspace's agents", None),
+            "post": _op("Create an agent (its version 1, active)", "Agent", body="AgentInput", code="201"),
+            "get": _op("List the workspace's agents", "AgentList"),
         },
         "/v1/agents/{agent_id}": {"get": _op("An agent with its active version", "Agent", params=a)},
         "/v1/agents/{agent_id}/versions": {
-            "get": _op("An agent's versions", None, params=a),
+            "get": _op("An agent's versions", "VersionList", params=a),
             "post": _op("Add a version (fields not given come from the active one)", "AgentVersion", body="VersionInput", code="201", params=a),
         },
         "/v1/agents/{agent_id}/versions/{version}": {"get": _op("One version", "AgentVersion", params=v)},
