@@ -269,6 +269,33 @@ async def test_idempotency_key_returns_the_same_batch(db_url: str) -> None:
         assert a["batch_id"] == b["batch_id"]
 
 
+async def test_concurrent_requests_with_one_idempotency_key_make_one_batch(db_url: str) -> None:
+    store = await Store.open(db_url)
+    try:
+        ws = await store.call(accounts.ensure_workspace, "w")
+        agent = await store.call(accounts.create_agent, ws, "a", accounts.VersionSpec({"model": "openai/x"}))
+        made: list[tuple[dict[str, Any], bool]] = []
+
+        async def create() -> None:
+            made.append(
+                await store.call(
+                    queue.create_batch, workspace_id=ws, agent_id=agent["agent_id"], agent_version=1,
+                    system_prompt="", tasks=[("t", {"user_message": "hi"})], config={}, parallelism=1,
+                    timeout_per_task_ms=1000, deadline_s=60, idempotency_key="same",
+                )
+            )  # fmt: skip
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(8):
+                nursery.start_soon(create)
+        assert len({m[0]["batch_id"] for m in made}) == 1
+        assert sorted(created for _, created in made) == [False] * 7 + [True]
+        count = await store.read(lambda tx: tx.one("SELECT COUNT(*) FROM tasks"))
+        assert count == (1,)
+    finally:
+        store.close()
+
+
 async def test_a_task_finished_twice_is_recorded_once(db_url: str) -> None:
     store = await Store.open(db_url)
     try:
@@ -653,6 +680,9 @@ async def test_gepa_job_through_the_api_creates_and_promotes_a_version(db_url: s
             minibatch_size=2, parallelism=8, reflection_model=endpoint(svc.srv.base_url), promote=True,
         )  # fmt: skip
         assert job["status"] == "queued"
+        events = [(e, data) async for e, data in svc.client.events(f"/v1/gepa/{job['job_id']}/events")]
+        assert events[-1][0] == "done" and events[-1][1]["status"] == "completed"
+        assert all(e == "progress" for e, _ in events[:-1])
         done = await svc.client.wait_gepa(job["job_id"])
         assert done["status"] == "completed", done
         assert done["best_score"] == 1.0 and done["metric_calls"] <= 40

@@ -156,10 +156,13 @@ class GEPAJobs:
         base = await self.store.read(accounts.get_version, ws, agent_id, job["base_version"])
         if base is None:
             raise RolloutsError(f"agent {agent_id} version {job['base_version']} no longer exists")
-        run_dir = self.data_dir / job_id
+        # One run directory per server process: two servers never write the same files (one
+        # whose lease lapsed may still be running until its next renewal tells it to stop).
+        # A resumed job starts from the checkpoint in the database.
+        run_dir = self.data_dir / job_id / self.owner
         run_dir.mkdir(parents=True, exist_ok=True)
-        if job["checkpoint"] and not (run_dir / STATE_FILE).exists():
-            (run_dir / STATE_FILE).write_text(job["checkpoint"], encoding="utf-8")  # resumed on another machine
+        if job["checkpoint"]:
+            (run_dir / STATE_FILE).write_text(job["checkpoint"], encoding="utf-8")
         reflection = BaseModelConfig.from_dict(cfg["reflection_model"], source="reflection_model").to_endpoint()
         adapter = ServiceAdapter(await self._batch_runner(job), key_prefix=f"gepa:{job_id}")
 

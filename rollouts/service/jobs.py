@@ -63,11 +63,14 @@ def cancel_job(tx: Tx, workspace_id: str, job_id: str) -> bool:
 
 
 def claim_job(tx: Tx, owner: str, lease_s: float) -> dict[str, Any] | None:
-    """Take the oldest job that is queued, or running with an expired lease (its server died)."""
+    """Take the oldest job that is queued, or running with an expired lease (its server died;
+    never one `owner` runs itself, even if its renewal came late)."""
     now = tx.dialect.now
     row = tx.one(
         f"SELECT id FROM gepa_jobs WHERE status IN ('queued', 'running') AND cancel_requested = 0 "
-        f"AND (lease_expires_at IS NULL OR lease_expires_at < {now}) ORDER BY created_at LIMIT 1{tx.dialect.skip_locked}"
+        f"AND (lease_expires_at IS NULL OR lease_expires_at < {now}) "
+        f"AND (lease_owner IS NULL OR lease_owner <> ?) ORDER BY created_at LIMIT 1{tx.dialect.skip_locked}",
+        (owner,),
     )
     if row is None:
         return None

@@ -89,16 +89,16 @@ def create_batch(
     the existing batch is returned instead (created False)."""
     now = tx.dialect.now
     if idempotency_key is not None:
-        row = tx.one(
-            "SELECT id FROM batches WHERE workspace_id = ? AND idempotency_key = ?", (workspace_id, idempotency_key)
-        )
-        if row is not None:
-            return _summary(tx, str(row[0])), False
+        existing = _batch_with_key(tx, workspace_id, idempotency_key)
+        if existing is not None:
+            return _summary(tx, existing), False
     bid = new_id("b")
+    # (ON CONFLICT: on PostgreSQL a concurrent request with the same key may have won meanwhile)
     tx.execute(
         f"INSERT INTO batches (id, workspace_id, agent_id, agent_version, system_prompt, config, task_count, "
         f"parallelism, timeout_per_task_ms, idempotency_key, deadline_at, created_at) "
-        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now} + ?, {now})",
+        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now} + ?, {now}) "
+        "ON CONFLICT (workspace_id, idempotency_key) DO NOTHING",
         (
             bid,
             workspace_id,
@@ -113,6 +113,11 @@ def create_batch(
             float(deadline_s),
         ),
     )
+    if tx.rowcount == 0:
+        assert idempotency_key is not None
+        existing = _batch_with_key(tx, workspace_id, idempotency_key)
+        assert existing is not None
+        return _summary(tx, existing), False
     queued_at = tx.one(f"SELECT {now}")
     assert queued_at is not None
     tx.many(
@@ -122,6 +127,11 @@ def create_batch(
     if tx.dialect.is_postgres:
         tx.execute(f"SELECT pg_notify('{NOTIFY_CHANNEL}', ?)", (bid,))
     return _summary(tx, bid), True
+
+
+def _batch_with_key(tx: Tx, workspace_id: str, key: str) -> str | None:
+    row = tx.one("SELECT id FROM batches WHERE workspace_id = ? AND idempotency_key = ?", (workspace_id, key))
+    return str(row[0]) if row is not None else None
 
 
 def _summary(tx: Tx, batch_id: str) -> dict[str, Any]:
