@@ -245,6 +245,26 @@ async def test_batch_runs_scores_and_streams_progress(db_url: str) -> None:
         assert svc.provider.keys == {f"Bearer {PROVIDER_KEY}"}  # the key came from the worker's environment
 
 
+async def test_serve_runs_local_worker_processes(db_url: str) -> None:
+    provider = Provider()
+    async with open_fake_server(provider) as srv, trio.open_nursery() as nursery:
+        url = await nursery.start(
+            lambda task_status: serve(db_url, port=0, workers=2, worker_concurrency=2, task_status=task_status)
+        )
+        store = await Store.open(db_url)
+        _, token = await store.call(accounts.create_token, "main")
+        async with ServiceClient(url, token) as client:
+            agent = await client.create_agent("calc", endpoint(srv.base_url))
+            batch = await client.create_batch(agent["agent_id"], tasks(6), config={"score": "exact_match_tag"})
+            done = await client.wait_batch(batch["batch_id"])
+        owners = await store.read(lambda tx: tx.execute("SELECT DISTINCT lease_owner FROM tasks"))
+        store.close()
+        nursery.cancel_scope.cancel()
+    assert done["status"] == "completed" and [r["score"]["reward"] for r in done["results"]] == [1.0] * 6
+    assert owners == [(None,)]  # (leases are cleared when a result is recorded)
+    assert f"Bearer {PROVIDER_KEY}" in provider.keys  # read by the worker processes from their environment
+
+
 async def test_agent_versions_and_batch_system_prompt(db_url: str) -> None:
     async with service(db_url) as svc:
         agent_id = await svc.agent()

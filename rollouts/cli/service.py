@@ -52,6 +52,8 @@ def _add_db(p: argparse.ArgumentParser) -> None:
 
 def _logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    for noisy in ("httpx2", "httpcore2", "httpx", "httpcore", "hypercorn"):  # a line per request otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _serve(args: argparse.Namespace) -> int:
