@@ -718,6 +718,25 @@ async def test_gepa_job_through_the_api_creates_and_promotes_a_version(db_url: s
         assert ran is not None and ran[0] == done["metric_calls"]  # the budget, exactly
 
 
+async def test_gepa_job_cancel(db_url: str) -> None:
+    async with service(db_url, lease_s=1.5) as svc:
+        svc.provider.__class__ = TagProvider
+        TagProvider.__init__(svc.provider)  # type: ignore[misc]
+        assert isinstance(svc.provider, TagProvider)
+        svc.provider.reflection_gate = trio.Event()
+        svc.provider.gate_from = 1
+        agent_id = await svc.agent()
+        job = await svc.client.start_gepa(
+            agent_id, trainset=tag_rows("ab"), score="exact_match", max_metric_calls=40,
+            reflection_model=endpoint(svc.srv.base_url),
+        )  # fmt: skip
+        await svc.provider.reflection_arrived.wait()
+        await svc.client.cancel_gepa(job["job_id"])
+        done = await svc.client.wait_gepa(job["job_id"])
+        assert done["status"] == "cancelled" and done["created_version"] is None
+        assert [v["version"] for v in await svc.client.list_versions(agent_id)] == [1]
+
+
 async def test_gepa_job_resumes_after_the_server_restarts(db_url: str, tmp_path: Path) -> None:
     provider = TagProvider()
     provider.reflection_gate = trio.Event()

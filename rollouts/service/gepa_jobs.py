@@ -178,7 +178,6 @@ class GEPAJobs:
                 self.owner,
                 metric_calls=event.metric_calls,
                 best_score=event.best_score,
-                best_prompt="",
                 candidates=event.candidates,
                 checkpoint=checkpoint,
             )

@@ -108,11 +108,11 @@ def renew_job(tx: Tx, owner: str, job_id: str, lease_s: float) -> str:
 
 
 def save_progress(
-    tx: Tx, job_id: str, owner: str, *, metric_calls: int, best_score: float, best_prompt: str, candidates: int,
+    tx: Tx, job_id: str, owner: str, *, metric_calls: int, best_score: float, candidates: int,
     checkpoint: str | None = None,
 ) -> None:  # fmt: skip
-    sets = "metric_calls = ?, best_score = ?, best_prompt = ?, candidates = ?"
-    params: list[Any] = [metric_calls, best_score, best_prompt, candidates]
+    sets = "metric_calls = ?, best_score = ?, candidates = ?"
+    params: list[Any] = [metric_calls, best_score, candidates]
     if checkpoint is not None:
         sets += ", checkpoint = ?"
         params.append(checkpoint)
