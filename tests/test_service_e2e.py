@@ -355,6 +355,25 @@ async def test_cancel_stops_running_tasks(db_url: str) -> None:
         assert svc.provider.calls["q 1"] == 0  # never started
 
 
+async def test_a_stopped_worker_puts_its_tasks_back_at_once(db_url: str) -> None:
+    async with service(db_url, workers=0) as svc:
+        svc.provider.gates["q 0"] = trio.Event()
+        agent_id = await svc.agent()
+        batch = await svc.client.create_batch(agent_id, tasks(1))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(Worker(svc.store, concurrency=2, lease_s=600.0).run)
+            await svc.provider.arrived("q 0").wait()
+            nursery.cancel_scope.cancel()
+        row = await svc.store.read(lambda tx: tx.one("SELECT status, attempts, lease_owner FROM tasks"))
+        assert row == ("queued", 0, None)  # not held for the 10-minute lease
+        svc.provider.gates["q 0"].set()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(Worker(svc.store, concurrency=2).run)
+            done = await svc.client.wait_batch(batch["batch_id"])
+            nursery.cancel_scope.cancel()
+        assert [r["status"] for r in done["results"]] == ["completed"]
+
+
 # ---- faults -------------------------------------------------------------------------------------
 
 

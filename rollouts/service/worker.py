@@ -80,6 +80,7 @@ class Worker:
         self.claim_batch = claim_batch
         self.completed = 0  # outcomes this worker recorded
         self._running: dict[tuple[str, str], trio.CancelScope] = {}
+        self._unsettled: list[tuple[str, str]] = []
         self._specs: dict[str, BatchSpec] = {}
         self._wake = trio.Event()
         self._stop_listen = threading.Event()
@@ -98,7 +99,7 @@ class Worker:
                 await self._claim_loop(nursery)
         finally:
             self._stop_listen.set()
-            keys = list(self._running)
+            keys = list(self._running) + self._unsettled
             if keys:
                 with trio.CancelScope(shield=True):
                     await self.store.call(_release, self.worker_id, keys)
@@ -183,12 +184,15 @@ class Worker:
 
     async def _run_one(self, task: ClaimedTask, scope: trio.CancelScope, claimed_at: float) -> None:
         key = (task.batch_id, task.task_id)
+        settled = False  # recorded, or given up because it is not ours any more
         try:
             with scope:
                 outcome = await self._execute(task, claimed_at)
             if scope.cancelled_caught:
+                settled = True
                 return  # not ours any more: whoever has it records it
             with trio.CancelScope(shield=True):
+                settled = True
                 if await self.store.call(
                     queue.finish,
                     task.batch_id,
@@ -201,6 +205,8 @@ class Worker:
                     self.completed += 1
         finally:
             self._running.pop(key, None)
+            if not settled:
+                self._unsettled.append(key)  # the worker is stopping: put it back in the queue
             self._wake_up()
 
     async def _execute(self, task: ClaimedTask, claimed_at: float) -> TaskOutcome:
