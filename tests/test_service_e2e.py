@@ -410,6 +410,18 @@ async def test_batch_deadline_marks_remaining_tasks_timeout(db_url: str) -> None
             nursery.cancel_scope.cancel()
 
 
+async def test_timeout_per_task(db_url: str) -> None:
+    async with service(db_url) as svc:
+        svc.provider.gates["q 1"] = trio.Event()
+        agent_id = await svc.agent()
+        batch = await svc.client.create_batch(agent_id, tasks(2), config={"timeout_per_task_ms": 300})
+        done = await svc.client.wait_batch(batch["batch_id"])
+        by_id = {r["task_id"]: r for r in done["results"]}
+        assert by_id["t0"]["status"] == "completed"
+        assert by_id["t1"]["status"] == "timeout" and "timeout_per_task_ms" in by_id["t1"]["error"]
+        assert done["status"] == "partial"
+
+
 async def test_sigkilled_worker_task_is_rerun_and_recorded_once(db_url: str, tmp_path: Path) -> None:
     log = tmp_path / "workers.log"
     async with service(db_url, workers=0) as svc:
