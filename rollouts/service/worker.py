@@ -81,6 +81,8 @@ class Worker:
         self.completed = 0  # outcomes this worker recorded
         self._running: dict[tuple[str, str], trio.CancelScope] = {}
         self._unsettled: list[tuple[str, str]] = []
+        self._idle = trio.Event()
+        self._idle.set()
         self._specs: dict[str, BatchSpec] = {}
         self._wake = trio.Event()
         self._stop_listen = threading.Event()
@@ -104,6 +106,16 @@ class Worker:
                 with trio.CancelScope(shield=True):
                     await self.store.call(_release, self.worker_id, keys)
 
+    @property
+    def running(self) -> int:
+        """Tasks running now."""
+        return len(self._running)
+
+    async def wait_idle(self) -> None:
+        """Return when no task is running (at once if none is)."""
+        while self._running:
+            await self._idle.wait()
+
     def _wake_up(self) -> None:
         self._wake.set()
 
@@ -120,6 +132,8 @@ class Worker:
                 await self._sleep_until_woken(self.max_poll_s)
                 continue
             claimed = await self.store.call(queue.claim, self.worker_id, min(free, self.claim_batch), self.lease_s)
+            if claimed and self._idle.is_set():
+                self._idle = trio.Event()
             for task in claimed:
                 scope = trio.CancelScope()
                 self._running[(task.batch_id, task.task_id)] = scope
@@ -207,6 +221,8 @@ class Worker:
             self._running.pop(key, None)
             if not settled:
                 self._unsettled.append(key)  # the worker is stopping: put it back in the queue
+            if not self._running:
+                self._idle.set()
             self._wake_up()
 
     async def _execute(self, task: ClaimedTask, claimed_at: float) -> TaskOutcome:
