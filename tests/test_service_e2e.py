@@ -804,3 +804,17 @@ async def test_gepa_job_resumes_after_the_server_restarts(db_url: str, tmp_path:
     assert done["best_score"] == 1.0 and done["created_version"] == 2
     assert ran is not None and ran[0] == done["metric_calls"] <= 40  # nothing paid for twice
     assert sum(provider.calls.values()) == done["metric_calls"]
+
+
+async def test_migrations_apply_once_and_in_order(db_url: str) -> None:
+    from rollouts.service.schema import SCHEMA_VERSION, migrate
+
+    store = await Store.open(db_url)
+    try:
+        async with trio.open_nursery() as nursery:  # several processes starting at once
+            for _ in range(3):
+                nursery.start_soon(trio.to_thread.run_sync, migrate, store.db)
+        rows = await store.read(lambda tx: tx.execute("SELECT version FROM schema_migrations ORDER BY version"))
+        assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+    finally:
+        store.close()

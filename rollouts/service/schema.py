@@ -117,6 +117,10 @@ MIGRATIONS: list[list[str]] = [
         )""",
         "CREATE INDEX IF NOT EXISTS gepa_jobs_workspace ON gepa_jobs(workspace_id, created_at)",
     ],
+    # 2: a batch's tasks by status (the claim counts a batch's running tasks; progress counts all)
+    [
+        "CREATE INDEX IF NOT EXISTS tasks_batch_status ON tasks(batch_id, status)",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
