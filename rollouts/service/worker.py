@@ -85,6 +85,7 @@ class Worker:
         self._idle.set()
         self._specs: dict[str, BatchSpec] = {}
         self._wake = trio.Event()
+        self._drained = False
         self._stop_listen = threading.Event()
 
     # ---- the loops ------------------------------------------------------------------------------
@@ -116,8 +117,16 @@ class Worker:
         while self._running:
             await self._idle.wait()
 
-    def _wake_up(self) -> None:
+    def _work_arrived(self) -> None:
+        """New or requeued tasks (a NOTIFY, a sweep): claim at once."""
+        self._drained = False
         self._wake.set()
+
+    def _slot_freed(self) -> None:
+        """A task ended: claim again, unless the last claim found the queue empty (then new
+        work announces itself, or the poll timer finds it)."""
+        if not self._drained:
+            self._wake.set()
 
     async def _sleep_until_woken(self, at_most_s: float) -> None:
         with trio.move_on_after(at_most_s):
@@ -126,12 +135,16 @@ class Worker:
 
     async def _claim_loop(self, nursery: trio.Nursery) -> None:
         idle_poll = 0.02
+        # Claim several tasks per transaction: wait for this many free slots while tasks run.
+        min_claim = max(1, min(self.claim_batch, self.concurrency // 8))
         while True:
             free = self.concurrency - len(self._running)
-            if free <= 0:
+            if free < (min_claim if self._running else 1):
                 await self._sleep_until_woken(self.max_poll_s)
                 continue
-            claimed = await self.store.call(queue.claim, self.worker_id, min(free, self.claim_batch), self.lease_s)
+            want = min(free, self.claim_batch)
+            claimed = await self.store.call(queue.claim, self.worker_id, want, self.lease_s)
+            self._drained = len(claimed) < want
             if claimed and self._idle.is_set():
                 self._idle = trio.Event()
             for task in claimed:
@@ -140,8 +153,9 @@ class Worker:
                 nursery.start_soon(self._run_one, task, scope, trio.current_time())
             if claimed:
                 idle_poll = 0.02
-                continue
-            # nothing to do: a NOTIFY (PostgreSQL), a finished task or the poll timer wakes us
+                if not self._drained:
+                    continue
+            # the queue is empty: a NOTIFY (PostgreSQL), a sweep or the poll timer wakes us
             await self._sleep_until_woken(idle_poll if not self.store.is_postgres else self.max_poll_s)
             idle_poll = min(idle_poll * 2, self.max_poll_s)
 
@@ -162,7 +176,7 @@ class Worker:
         while True:
             changed = await self.store.call(queue.sweep, self.max_attempts)
             if changed.get("requeued"):
-                self._wake_up()
+                self._work_arrived()
             await trio.sleep(max(self.lease_s / 2, 0.05))
 
     async def _listen(self) -> None:
@@ -176,7 +190,7 @@ class Worker:
                 while not self._stop_listen.is_set():
                     for _ in conn.notifies(timeout=0.5, stop_after=1):
                         try:
-                            trio.from_thread.run_sync(self._wake_up, trio_token=token)
+                            trio.from_thread.run_sync(self._work_arrived, trio_token=token)
                         except trio.RunFinishedError:
                             return
             finally:
@@ -223,7 +237,7 @@ class Worker:
                 self._unsettled.append(key)  # the worker is stopping: put it back in the queue
             if not self._running:
                 self._idle.set()
-            self._wake_up()
+            self._slot_freed()
 
     async def _execute(self, task: ClaimedTask, claimed_at: float) -> TaskOutcome:
         started = time.perf_counter()
