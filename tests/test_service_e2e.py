@@ -818,3 +818,21 @@ async def test_migrations_apply_once_and_in_order(db_url: str) -> None:
         assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
     finally:
         store.close()
+
+
+async def test_a_batch_at_its_parallelism_keeps_its_worker_busy(db_url: str) -> None:
+    """Tasks of a batch limited to 1 at a time run back to back: each one ending lets the worker
+    claim the next at once (not at its next idle poll)."""
+    async with service(db_url, workers=0) as svc:
+        agent_id = await svc.agent()
+        worker = Worker(svc.store, concurrency=8, max_poll_s=600.0)  # (a poll would never come)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            batch = await svc.client.create_batch(agent_id, tasks(5), config={"parallelism": 1})
+            if not svc.store.is_postgres:
+                worker._work_arrived()  # (SQLite has no NOTIFY: stands for the first poll)
+            with trio.fail_after(120):  # (a guard: a worker waiting for its poll would hang here)
+                done = await svc.client.wait_batch(batch["batch_id"])
+            nursery.cancel_scope.cancel()
+        assert [r["status"] for r in done["results"]] == ["completed"] * 5
+        assert svc.srv.max_in_flight == 1

@@ -29,11 +29,13 @@ __all__ = [
     "FINISHED",
     "NOTIFY_CHANNEL",
     "BatchSpec",
+    "Claim",
     "ClaimedTask",
     "batch_spec",
     "batch_status",
     "cancel_batch",
     "claim",
+    "claim_tasks",
     "create_batch",
     "finish",
     "get_batch",
@@ -258,6 +260,20 @@ def batch_spec(tx: Tx, batch_id: str) -> BatchSpec | None:
 
 def claim(tx: Tx, worker_id: str, limit: int, lease_s: float) -> list[ClaimedTask]:
     """Take up to `limit` queued tasks (oldest first) under a lease of `lease_s` seconds."""
+    return claim_tasks(tx, worker_id, limit, lease_s).tasks
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a claim took, and whether queued tasks were left because their batches were at
+    their `parallelism` (then a task of those batches ending frees a slot worth claiming)."""
+
+    tasks: list[ClaimedTask]
+    capped: bool
+
+
+def claim_tasks(tx: Tx, worker_id: str, limit: int, lease_s: float) -> Claim:
+    """`claim`, also saying whether batches at their parallelism still have queued tasks."""
     assert limit > 0 and lease_s > 0
     now = tx.dialect.now
     # batches with queued work and free slots (few at a time: the index on tasks(status, ...))
@@ -268,9 +284,11 @@ def claim(tx: Tx, worker_id: str, limit: int, lease_s: float) -> list[ClaimedTas
         f"AND b.cancelled_at IS NULL AND b.deadline_at > {now} ORDER BY b.created_at LIMIT 64"
     )
     claimed: list[ClaimedTask] = []
+    capped = len(open_batches) == 64  # (more batches may have queued work)
     for bid, parallelism, left_s, running in open_batches:
         want = min(limit - len(claimed), int(parallelism) - int(running))
         if want <= 0:
+            capped = capped or int(parallelism) <= int(running)
             continue
         rows = tx.execute(
             # (a materialized CTE: as a plain IN-subquery PostgreSQL may rescan it and take more)
@@ -282,9 +300,11 @@ def claim(tx: Tx, worker_id: str, limit: int, lease_s: float) -> list[ClaimedTas
             (bid, want, worker_id, float(lease_s), bid),
         )
         claimed += [ClaimedTask(bid, tid, json.loads(inp), int(att), float(left_s)) for tid, inp, att in rows]
+        if len(rows) == want and int(parallelism) - int(running) == want:
+            capped = True  # took its last free slots: it may have more queued
         if len(claimed) >= limit:
             break
-    return claimed
+    return Claim(claimed, capped)
 
 
 def heartbeat(tx: Tx, worker_id: str, lease_s: float) -> set[tuple[str, str]]:

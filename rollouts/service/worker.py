@@ -143,8 +143,9 @@ class Worker:
                 await self._sleep_until_woken(self.max_poll_s)
                 continue
             want = min(free, self.claim_batch)
-            claimed = await self.store.call(queue.claim, self.worker_id, want, self.lease_s)
-            self._drained = len(claimed) < want
+            got = await self.store.call(queue.claim_tasks, self.worker_id, want, self.lease_s)
+            claimed = got.tasks
+            self._drained = len(claimed) < want and not got.capped
             if claimed and self._idle.is_set():
                 self._idle = trio.Event()
             for task in claimed:
