@@ -343,15 +343,23 @@ async def test_a_task_finished_twice_is_recorded_once(db_url: str) -> None:
 
 
 async def test_cancel_stops_running_tasks(db_url: str) -> None:
-    async with service(db_url, lease_s=0.6) as svc:
+    async with service(db_url, workers=0) as svc:
+        # PostgreSQL: the cancellation's NOTIFY makes the worker check its leases at once (its
+        # lease, 10 minutes, would not come round); SQLite: the next heartbeat (lease / 3).
+        worker = Worker(svc.store, concurrency=4, lease_s=600.0 if svc.store.is_postgres else 0.6)
         svc.provider.gates["q 0"] = trio.Event()
         agent_id = await svc.agent()
-        batch = await svc.client.create_batch(agent_id, tasks(3), config={"parallelism": 1})
-        await svc.provider.arrived("q 0").wait()
-        cancelled = await svc.client.cancel_batch(batch["batch_id"])
-        assert cancelled["status"] == "cancelled"
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            batch = await svc.client.create_batch(agent_id, tasks(3), config={"parallelism": 1})
+            await svc.provider.arrived("q 0").wait()
+            cancelled = await svc.client.cancel_batch(batch["batch_id"])
+            assert cancelled["status"] == "cancelled"
+            with trio.fail_after(120):  # (a guard: without the NOTIFY this would wait for the lease)
+                await worker.wait_idle()
+            nursery.cancel_scope.cancel()
         done = await svc.client.wait_batch(batch["batch_id"])
-        assert {r["status"] for r in done["results"]} == {"cancelled"}
+        assert [r["status"] for r in done["results"]] == ["cancelled"] * 3
         assert svc.provider.calls["q 1"] == 0  # never started
 
 

@@ -27,6 +27,7 @@ from rollouts.service.accounts import new_id
 
 __all__ = [
     "FINISHED",
+    "CANCEL_CHANNEL",
     "NOTIFY_CHANNEL",
     "BatchSpec",
     "Claim",
@@ -43,7 +44,8 @@ __all__ = [
     "sweep",
 ]
 
-NOTIFY_CHANNEL = "rollouts_tasks"
+NOTIFY_CHANNEL = "rollouts_tasks"  # new or requeued tasks
+CANCEL_CHANNEL = "rollouts_cancel"  # a batch was cancelled: workers check their leases now
 FINISHED = ("completed", "failed", "timeout", "cancelled")
 _SWEEP_LOCK = 4242016
 
@@ -232,6 +234,8 @@ def cancel_batch(tx: Tx, workspace_id: str, batch_id: str) -> bool:
         f"lease_owner = NULL WHERE batch_id = ? AND status IN ('queued', 'running')",
         (batch_id,),
     )
+    if tx.dialect.is_postgres:
+        tx.execute(f"SELECT pg_notify('{CANCEL_CHANNEL}', ?)", (batch_id,))
     return True
 
 

@@ -86,6 +86,7 @@ class Worker:
         self._specs: dict[str, BatchSpec] = {}
         self._wake = trio.Event()
         self._drained = False
+        self._beat_now = trio.Event()
         self._stop_listen = threading.Event()
 
     # ---- the loops ------------------------------------------------------------------------------
@@ -162,7 +163,9 @@ class Worker:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await trio.sleep(self.lease_s / 3)
+            with trio.move_on_after(self.lease_s / 3):
+                await self._beat_now.wait()
+            self._beat_now = trio.Event()
             before = set(self._running)
             if not before:
                 continue
@@ -181,17 +184,20 @@ class Worker:
             await trio.sleep(max(self.lease_s / 2, 0.05))
 
     async def _listen(self) -> None:
-        """Wake the claim loop on every NOTIFY (a thread blocks on a dedicated connection)."""
+        """Wake the claim loop on new work, and renew leases at once on a cancellation (so the
+        cancelled tasks stop now), on NOTIFY (a thread blocks on a dedicated connection)."""
         token = trio.lowlevel.current_trio_token()
 
         def listen() -> None:
             conn = self.store.db.connect()
             try:
                 conn.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
+                conn.execute(f"LISTEN {queue.CANCEL_CHANNEL}")
                 while not self._stop_listen.is_set():
-                    for _ in conn.notifies(timeout=0.5, stop_after=1):
+                    for note in conn.notifies(timeout=0.5, stop_after=1):
+                        react = self._beat_now.set if note.channel == queue.CANCEL_CHANNEL else self._work_arrived
                         try:
-                            trio.from_thread.run_sync(self._work_arrived, trio_token=token)
+                            trio.from_thread.run_sync(react, trio_token=token)
                         except trio.RunFinishedError:
                             return
             finally:
