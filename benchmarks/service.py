@@ -5,8 +5,9 @@ worker processes, on SQLite and PostgreSQL; and GEPA through the service vs in-p
   `--latency` (50 ms): single-turn tasks scored by exact match on an <answer> tag.
 * In-process: `evaluate()` over the tasks with `--concurrency` samples in flight.
 * Service: the API (this process, hypercorn under trio) + W worker processes
-  (`rollouts service worker --concurrency C`), W in `--workers` (1, 2, 4), one batch of all
-  the tasks, waited for through its event stream. Each database is fresh; PostgreSQL is a
+  (`rollouts service worker --concurrency C/W`: the same tasks in flight as in-process, split
+  between the workers), W in `--workers` (1, 2, 4), one batch of all the tasks, waited for
+  through its event stream. Each database is fresh; PostgreSQL is a
   throwaway cluster from the system's binaries (`apt-get install -y postgresql`).
 * CPU: the worker processes' CPU (from /proc), this process's (API + client) and, on
   PostgreSQL, the server processes'. `overhead_ms_per_task` = (service CPU with 1 worker -
@@ -329,7 +330,9 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--latency", type=float, default=0.05)
-    parser.add_argument("--concurrency", type=int, default=100, help="in flight: in-process, and per worker")
+    parser.add_argument(
+        "--concurrency", type=int, default=100, help="tasks in flight: in-process, and over all the workers"
+    )
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--dbs", default="sqlite,postgresql")
     parser.add_argument("--gepa-budget", type=int, default=200)
@@ -360,12 +363,13 @@ async def main() -> None:
             for w in workers:
                 counter += 1
                 db_url = _fresh_db(kind, tmp, pg, counter)
+                per_worker = -(-args.concurrency // w)  # the same tasks in flight in total, split
                 r = await run_service(
                     db_url,
                     provider.base_url,
                     args.tasks,
                     w,
-                    args.concurrency,
+                    per_worker,
                     pg.data if kind == "postgresql" else None,
                 )
                 print(
