@@ -32,6 +32,7 @@ examples:
   rollouts gepa train.jsonl -m local/qwen2.5-coder-0.5b --reflection-model anthropic/claude-sonnet-4-5 \\
       --score exact_match --system-prompt "Answer briefly." --budget 200
   rollouts sessions list
+  rollouts service serve --workers 2                 # the rollout service: HTTP API + 2 workers, embedded DB
   rollouts demo                                      # the whole stack offline, no key
   rollouts doctor
 
