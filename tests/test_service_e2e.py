@@ -844,3 +844,16 @@ async def test_a_batch_at_its_parallelism_keeps_its_worker_busy(db_url: str) -> 
             nursery.cancel_scope.cancel()
         assert [r["status"] for r in done["results"]] == ["completed"] * 5
         assert svc.srv.max_in_flight == 1
+
+
+def test_cli_reports_a_database_it_cannot_use_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rollouts.cli import main
+
+    port = free_port()  # (nothing listens there)
+    assert main(["service", "token", "list", "--db", f"postgresql://nobody:pw-{port}@127.0.0.1:{port}/x"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rollouts: error: the database cannot be used:") and len(err.strip().splitlines()) == 1
+    assert f"pw-{port}" not in err
+    (tmp_path / "dir.db").mkdir()
+    assert main(["service", "token", "list", "--db", str(tmp_path / "dir.db")]) == 1
+    assert "the database cannot be used" in capsys.readouterr().err

@@ -50,6 +50,33 @@ def _add_db(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _database_errors() -> tuple[type[BaseException], ...]:
+    import sqlite3
+
+    errors: list[type[BaseException]] = [sqlite3.Error]
+    try:
+        import psycopg
+
+        errors.append(psycopg.Error)
+    except ImportError:  # (PostgreSQL support not installed: only SQLite errors can happen)
+        pass
+    return tuple(errors)
+
+
+def _run(fn: Callable[[], Any]) -> Any:
+    """`fn()`, with a database that cannot be reached or used reported as one line."""
+    from rollouts.cli.common import unwrap_group
+
+    try:
+        return fn()
+    except BaseException as e:
+        real = unwrap_group(e) if isinstance(e, BaseExceptionGroup) else e
+        if isinstance(real, _database_errors()):
+            first = str(real).strip().splitlines()[0] if str(real).strip() else type(real).__name__
+            raise CLIError(f"the database cannot be used: {first}", exit_code=1) from None
+        raise
+
+
 def _logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     for noisy in ("httpx2", "httpcore2", "httpx", "httpcore", "hypercorn"):  # a line per request otherwise
@@ -80,7 +107,7 @@ def _serve(args: argparse.Namespace) -> int:
             )
             print(f"rollouts service listening on {url} ({args.workers} local workers)", file=sys.stderr, flush=True)
 
-    trio.run(main)
+    _run(lambda: trio.run(main))
     return 0
 
 
@@ -99,7 +126,7 @@ def _worker(args: argparse.Namespace) -> int:
         finally:
             store.close()
 
-    trio.run(main)
+    _run(lambda: trio.run(main))
     return 0
 
 
@@ -107,7 +134,7 @@ def _store(args: argparse.Namespace) -> Any:
     from rollouts.service.store import Store
 
     store = Store(_db_url(args), max_connections=1)
-    store.migrate_sync()
+    _run(store.migrate_sync)
     return store
 
 
