@@ -35,6 +35,7 @@ examples:
       --score exact_match --system-prompt "Answer briefly." --budget 200
   rollouts sessions list
   rollouts view results/ ~/.rollouts/sessions        # browse sessions, eval runs and GEPA runs
+  rollouts service serve --workers 2                 # the rollout service: HTTP API + 2 workers, embedded DB
   rollouts demo                                      # the whole stack offline, no key
   rollouts doctor
 
@@ -53,6 +54,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "view": ("rollouts.cli.view", "browse sessions, evaluations and GEPA runs in a web page"),
     "demo": ("rollouts.cli.demo", "run the demo on the embedded local model (offline, no key)"),
     "doctor": ("rollouts.cli.doctor", "check the installation, keys, local model and storage"),
+    "service": ("rollouts.cli.service", "run the rollout service (API + workers) and manage its tokens"),
 }
 
 
