@@ -238,6 +238,25 @@ def classify_common(exc: Exception, provider: str) -> Failure | None:
     return None
 
 
+def classify_sdk_error(exc: Exception, provider: str, sdk: Any, *, status: int | None = None) -> Failure | None:
+    """The error table shared by the `openai` and `anthropic` SDKs (`sdk` is the module; both
+    name their errors alike), after `classify_common`: a status error by its status (`status`
+    overrides it), a connection error or timeout as a dropped connection, any other API error
+    (an error event inside the stream) as retryable."""
+    common = classify_common(exc, provider)
+    if common is not None:
+        return common
+    if isinstance(exc, sdk.APIStatusError):
+        code = exc.status_code if status is None else status
+        return failure_from_status(code, provider=provider, headers=exc.response.headers, body=exc.body)
+    if isinstance(exc, sdk.APIConnectionError):  # includes APITimeoutError
+        cause = exc.__cause__ or exc
+        return connection_failure(provider, cause if isinstance(cause, BaseException) else exc)
+    if isinstance(exc, sdk.APIError):
+        return Failure(ProviderError(f"{provider}: {exc.message}", provider=provider, retryable=True))
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # The retry loop
 # ---------------------------------------------------------------------------------------------

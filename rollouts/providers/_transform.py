@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from rollouts.dtypes import ContentBlock, Message, TextContent, ThinkingContent, ToolCallContent
 
@@ -181,3 +182,14 @@ def chat_target(provider: str) -> Target:
         return thinking_origin(block, message) == provider
 
     return Target(provider, native_thinking=native, max_id_len=40)
+
+
+def with_extra_params(
+    body: dict[str, Any], extra_params: Mapping[str, Any] | None, local: frozenset[str]
+) -> dict[str, Any]:
+    """`body` with `Endpoint.extra_params` merged in last, except the keys in `local` (settings
+    rollouts reads itself and never sends)."""
+    for k, v in (extra_params or {}).items():
+        if k not in local:
+            body[k] = v
+    return body

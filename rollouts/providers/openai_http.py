@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Hashable
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
@@ -28,7 +27,7 @@ import trio
 
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ProviderError
-from rollouts.providers._clients import current_pool
+from rollouts.providers._clients import current_pool, shared_ssl_context
 from rollouts.providers._retry import HTTPStatusFailure
 
 OPENAI_API_BASE = "https://api.openai.com/v1"
@@ -37,18 +36,6 @@ SHARDS = 8
 _round_robin = itertools.count()
 _MAX_ERROR_BODY = 64 * 1024
 _MAX_EVENT_BYTES = 16 * 1024 * 1024  # a single SSE event larger than this is refused
-
-
-_ssl_context: ssl.SSLContext | None = None
-
-
-def shared_ssl_context() -> ssl.SSLContext:
-    """One TLS context for every client we build (pass it as `verify=`): building one costs
-    ~40 ms of CPU, which would otherwise be paid by every client."""
-    global _ssl_context
-    if _ssl_context is None:
-        _ssl_context = httpx2.create_ssl_context()
-    return _ssl_context
 
 
 # llama.cpp's server closes a connection after a streamed reply without saying so; a client that
