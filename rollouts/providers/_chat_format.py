@@ -249,7 +249,8 @@ class ChatStreamTranslator:
     end and turned into tool calls if it holds calls to those tools (see `_text_tool_calls`);
     otherwise it is emitted as text unchanged. `text_tool_limit=1` keeps only the first such
     call (the request asked for `parallel_tool_calls: false`). With `model`, the usage's `cost_usd` comes from
-    the price table (`_pricing`).
+    the price table (`_pricing`; `price_expected=False` for self-hosted models: no warning when
+    the table has no price).
     """
 
     __slots__ = (
@@ -263,6 +264,7 @@ class ChatStreamTranslator:
         "_model",
         "_next_index",
         "_open_call",
+        "_price_expected",
         "_queued",
         "_text_tool_limit",
         "_text_tool_names",
@@ -277,9 +279,11 @@ class ChatStreamTranslator:
         text_tool_names: frozenset[str] | None = None,
         text_tool_limit: int | None = None,
         model: str = "",
+        price_expected: bool = True,
     ) -> None:
         self._emit = emit
         self._model = model
+        self._price_expected = price_expected
         self._next_index = 0
         self._block_kind: str | None = None  # "text" | "thinking" while one is open
         self._block_index = -1
@@ -467,6 +471,6 @@ class ChatStreamTranslator:
         reason = "tool_use" if text_calls else _FINISH.get(raw, raw) if raw else None
         usage = usage_from_chat(self.usage_raw) if self.usage_raw is not None else Usage()
         if self._model:
-            usage = with_cost(usage, self._model)
+            usage = with_cost(usage, self._model, warn=self._price_expected)
         await self._emit(ev.StreamDone(reason, usage))
         return reason, usage

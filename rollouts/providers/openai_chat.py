@@ -172,7 +172,7 @@ async def _stream_chat(actor: Actor, on_chunk: OnChunk, *, compat: bool) -> Acto
         build=build,
         open_stream=lambda body: open_stream(ep, body, api_key),
         translator=lambda emit: ChatStreamTranslator(
-            emit, text_tool_names=text_tools, text_tool_limit=text_tool_limit, model=ep.model
+            emit, text_tool_names=text_tools, text_tool_limit=text_tool_limit, model=ep.model, price_expected=not compat
         ),
         classify=lambda exc: classify_openai_error(exc, ep.provider),
         secret=api_key,
