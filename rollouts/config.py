@@ -154,7 +154,7 @@ class BaseModelConfig:
     max_retries: int = 3
     timeout: float = 120.0
     extra_params: Mapping[str, Any] | None = None
-    transport: Literal["sdk", "http"] = "sdk"
+    transport: Literal["auto", "sdk", "http"] = "auto"
 
     def __post_init__(self) -> None:
         if self.api_key_env is not None and not _ENV_NAME.match(self.api_key_env):

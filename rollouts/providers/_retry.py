@@ -18,7 +18,7 @@ A provider runs each attempt through `stream_with_retries`::
 which propagate untouched. Build Failures with `failure_from_status` (HTTP status + headers + body)
 and `connection_failure`; `classify_common(exc, provider)` already handles what every provider
 shares (a `ProviderError` raised inside an attempt, `HTTPStatusFailure` raised by our own HTTP
-code, httpx2 transport errors and timeouts), so a provider's classifier only adds its SDK's
+code, httpx2/httpcore2 transport errors and timeouts), so a provider's classifier only adds its SDK's
 exception types and falls back to it.
 
 Policy:
@@ -51,6 +51,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+import httpcore2
 import httpx2
 import trio
 
@@ -211,6 +212,23 @@ def connection_failure(provider: str, exc: BaseException | str) -> Failure:
     )
 
 
+# What the lean transport (httpcore2 directly) raises where httpx2 raises a TransportError of
+# the same name (ConnectError, ReadError, RemoteProtocolError, ReadTimeout, PoolTimeout...).
+_HTTPCORE_ERRORS = (
+    httpcore2.NetworkError,
+    httpcore2.TimeoutException,
+    httpcore2.ProtocolError,
+    httpcore2.UnsupportedProtocol,
+)
+
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    httpx2.TransportError,
+    trio.BrokenResourceError,
+    *_HTTPCORE_ERRORS,
+)
+
+
 class HTTPStatusFailure(Exception):
     """Raised by our own HTTP code for an error response; `classify_common` maps it."""
 
@@ -225,6 +243,9 @@ class IncompleteStreamError(Exception):
     """A stream ended (cleanly, as far as HTTP goes) before the model finished: retried."""
 
 
+_CONNECTION_ERRORS += (IncompleteStreamError,)
+
+
 def classify_common(exc: Exception, provider: str) -> Failure | None:
     """The classification every provider shares (None for exceptions it does not know)."""
     if isinstance(exc, ProviderError):
@@ -233,7 +254,7 @@ def classify_common(exc: Exception, provider: str) -> Failure | None:
         return Failure(exc)
     if isinstance(exc, HTTPStatusFailure):
         return failure_from_status(exc.status, provider=provider, headers=exc.headers, body=exc.body)
-    if isinstance(exc, IncompleteStreamError | httpx2.TransportError | trio.BrokenResourceError):
+    if isinstance(exc, _CONNECTION_ERRORS):
         return connection_failure(provider, exc)
     return None
 

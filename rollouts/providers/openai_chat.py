@@ -21,8 +21,10 @@ Provider names:
 Connections are kept alive and reused except for llama.cpp servers (see
 `openai_http.keeps_connections_alive`; `extra_params={"keepalive": False}` for any other).
 
-`Endpoint.transport="http"` uses the lean `openai_http` transport instead of the SDK: same
-request, same events, same Message and Usage, same retries, less client CPU.
+Transport (`uses_lean_transport`): self-hosted servers (`openai-compatible` and its aliases,
+`local`) go through the lean `openai_http` transport by default (`Endpoint.transport="auto"`),
+`openai` through the SDK; `transport="sdk"` or `"http"` chooses either. Same request, same
+events, same Message and Usage, same retries and errors; the lean one costs less client CPU.
 
 The SDK's own retries are off (`max_retries=0`); `_retry.stream_with_retries` retries instead,
 so a stream broken after output is retried with `StreamError(will_retry=True)` first.
@@ -154,7 +156,7 @@ async def _stream_chat(actor: Actor, on_chunk: OnChunk, *, compat: bool) -> Acto
         )
     api_key = _api_key(ep, compat)
     text_tools = frozenset(t.name for t in actor.tools) if compat and actor.tools else None
-    if ep.transport == "http":
+    if uses_lean_transport(ep, compat=compat):
         from rollouts.providers.openai_http import open_chat_stream as open_stream
     else:
         open_stream = _open_sdk_stream
@@ -188,6 +190,16 @@ async def stream_openai_chat(actor: Actor, on_chunk: OnChunk) -> Actor:
 async def stream_openai_compatible(actor: Actor, on_chunk: OnChunk) -> Actor:
     """Any OpenAI-compatible server at `Endpoint.api_base` (provider `openai-compatible`)."""
     return await _stream_chat(actor, on_chunk, compat=True)
+
+
+def uses_lean_transport(endpoint: Endpoint, *, compat: bool) -> bool:
+    """Whether a chat call goes through the lean `openai_http` transport: `transport="http"`,
+    or the default `"auto"` for a self-hosted server (`compat`). The two transports give the
+    same events, Message, Usage, retries and errors (the parity tests run both); the lean one
+    costs a fraction of the SDK's client CPU (see benchmarks/evaluate.py)."""
+    if endpoint.transport == "auto":
+        return compat
+    return endpoint.transport == "http"
 
 
 def uses_responses_api(endpoint: Endpoint) -> bool:
