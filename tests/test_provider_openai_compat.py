@@ -352,3 +352,34 @@ async def test_the_lean_transport_is_the_default_for_self_hosted_servers(
         sdk_headers = any(h.startswith("x-stainless") for h in srv.last_request.headers)
     assert sdk_headers is not lean
     assert new.trajectory.messages[-1].text == "hi"
+
+
+async def test_the_lean_transport_sends_a_request_in_one_write() -> None:
+    """Issue 19 item 1: httpcore2 writes a request's head and body separately, each a system call
+    that wakes the server; the lean transport's connections hold writes until they read."""
+    import httpcore2
+
+    from rollouts.providers.openai_http import _CorkedStream
+
+    class Inner(httpcore2.AsyncNetworkStream):
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+
+        async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+            self.writes.append(buffer)
+
+        async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+            return b"HTTP/1.1 200 OK\r\n"
+
+        async def aclose(self) -> None:
+            pass
+
+    inner = Inner()
+    stream = _CorkedStream(inner)
+    await stream.write(b"POST /v1/chat/completions HTTP/1.1\r\n\r\n")
+    await stream.write(b'{"model": "m"}')
+    assert inner.writes == []
+    assert await stream.read(100) == b"HTTP/1.1 200 OK\r\n"
+    assert inner.writes == [b'POST /v1/chat/completions HTTP/1.1\r\n\r\n{"model": "m"}']
+    await stream.write(b"x" * (70 * 1024))  # a large body does not wait for the read
+    assert len(inner.writes) == 2

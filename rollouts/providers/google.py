@@ -36,8 +36,8 @@ import base64
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Hashable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Hashable
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 import httpx2
@@ -386,7 +386,7 @@ def _client_key(endpoint: Endpoint, api_key: str) -> Hashable:
     return ("google-genai", endpoint.api_base, hash(api_key), endpoint.timeout)
 
 
-async def _first_then_rest(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def _first_then_rest(first: Any, rest: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
     if first is not _EMPTY:
         yield first
     async for chunk in rest:
@@ -408,7 +408,8 @@ async def _open_stream(endpoint: Endpoint, request: dict[str, Any], api_key: str
                 first = await stream.__anext__()
             except StopAsyncIteration:
                 first = _EMPTY
-            yield _first_then_rest(first, stream)
+            async with aclosing(_first_then_rest(first, stream)) as chunks:
+                yield chunks
         finally:
             # The SDK's generator holds the response: closing it releases the connection now
             # rather than at garbage collection (after a cancellation too).

@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
+import operator
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -98,6 +99,7 @@ class ScriptExhaustedError(RolloutsError):
 
 
 _MODELS: dict[str, ScriptedModel] = {}
+_ROLE = operator.attrgetter("role")
 _ids = itertools.count(1)
 
 
@@ -250,7 +252,7 @@ async def stream_scripted(actor: Actor, on_chunk: OnChunk) -> Actor:
     """The provider function for `provider="scripted"`."""
     model = get_scripted_model(actor.endpoint.model)
     messages = actor.trajectory.messages
-    turn = 1 + sum(1 for m in messages if m.role == "assistant")
+    turn = 1 + list(map(_ROLE, messages)).count("assistant")
 
     def build() -> _Reply:
         request = ScriptedRequest(messages, actor.tools, actor.endpoint, model.calls)
