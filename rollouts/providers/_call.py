@@ -65,11 +65,13 @@ async def run_call(
     finish_message: Callable[[Message, Tr], Message] | None = None,
     provider: str | None = None,
     model: str | None = None,
+    bounded: bool = True,
 ) -> Actor:
     """One streamed model call with the shared lifecycle (see the module docstring).
 
     `finish_message(message, last_translator)` may adjust the finished Message (e.g. mark that the
-    server reported no usage). `provider`/`model` default to the endpoint's."""
+    server reported no usage). `provider`/`model` default to the endpoint's. `bounded=False`
+    drops the total deadline (`stream_with_retries`) for a call that does no I/O."""
     ep = actor.endpoint
     provider = provider or ep.provider
     model = model or ep.model
@@ -99,7 +101,7 @@ async def run_call(
             return reason  # type: ignore[no-any-return]
 
     finish_reason, attempts = await stream_with_retries(
-        attempt, endpoint=ep, on_chunk=emit, classify=classify, secret=secret
+        attempt, endpoint=ep, on_chunk=emit, classify=classify, secret=secret, bounded=bounded
     )
     message = builder.finish()
     if finish_message is not None:

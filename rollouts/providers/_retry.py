@@ -295,23 +295,28 @@ async def stream_with_retries(
     on_chunk: OnChunk,
     classify: Callable[[Exception], Failure | None],
     secret: str = "",
+    bounded: bool = True,
 ) -> tuple[T, int]:
     """Run `attempt(on_chunk, attempt_number)` until it succeeds; return (its result, attempts).
 
     See the module docstring for the policy. Raises the classified `ProviderError` (chained to
     the original exception) when retries run out or the failure is not retryable. `secret` (the
     API key in use) is cut out of every error text a server echoed it into, and an original
-    exception that mentions it is not chained, so it reaches no log, sample or report."""
+    exception that mentions it is not chained, so it reaches no log, sample or report.
+    `bounded=False` drops the total deadline (for calls that do no I/O: the scripted model)."""
     policy = current_policy()
     max_attempts = endpoint.max_retries + 1
-    deadline = trio.current_time() + total_deadline(endpoint)
+    deadline = trio.current_time() + total_deadline(endpoint) if bounded else None
     last: Failure | None = None
     last_exc: BaseException | None = None
     n = 0
     for n in range(1, max_attempts + 1):
         try:
-            with trio.fail_after(max(0.0, deadline - trio.current_time())):
+            if deadline is None:
                 return await attempt(on_chunk, n), n
+            with trio.CancelScope(deadline=deadline):  # (a bare scope: cheaper than fail_after)
+                return await attempt(on_chunk, n), n
+            raise trio.TooSlowError  # reached only when the deadline cancelled the attempt
         except trio.TooSlowError as exc:
             last_exc = exc
             last = Failure(
@@ -332,7 +337,7 @@ async def stream_with_retries(
             if not failure.error.retryable or n == max_attempts:
                 break
             delay = policy.delay(n, failure.retry_after)
-            if trio.current_time() + delay >= deadline:
+            if deadline is not None and trio.current_time() + delay >= deadline:
                 break
             await on_chunk(StreamError(str(failure.error), will_retry=True, attempt=n))
             await trio.sleep(delay)

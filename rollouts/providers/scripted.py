@@ -25,9 +25,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
-import operator
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -99,7 +97,6 @@ class ScriptExhaustedError(RolloutsError):
 
 
 _MODELS: dict[str, ScriptedModel] = {}
-_ROLE = operator.attrgetter("role")
 _ids = itertools.count(1)
 
 
@@ -133,7 +130,19 @@ class ScriptedModel:
             self._replies = tuple(replies)
         self.calls = 0
         self.last_request: ScriptedRequest | None = None
+        # (messages seen, the last of them, how many were assistant messages): a conversation
+        # that grows by a turn is counted from where it was, not from the start
+        self._seen: tuple[int, Message | None, int] = (0, None, 0)
         _MODELS[self.name] = self
+
+    def _assistant_messages(self, messages: tuple[Message, ...]) -> int:
+        seen, last, count = self._seen
+        if 0 < seen <= len(messages) and messages[seen - 1] is last:
+            count += sum(1 for i in range(seen, len(messages)) if messages[i].role == "assistant")
+        else:
+            count = sum(1 for m in messages if m.role == "assistant")
+        self._seen = (len(messages), messages[-1] if messages else None, count)
+        return count
 
     @property
     def endpoint(self) -> Endpoint:
@@ -214,72 +223,97 @@ def reply_events(reply: ScriptedReply, chunk_size: int, signature: str, turn: in
     return events
 
 
+class _ScriptedStream:
+    """One call's raw stream: a single item, the reply, made when the stream opens (after the
+    model's latency). Its own context manager and iterator: no generator per call."""
+
+    __slots__ = ("_model", "_pending", "_request")
+
+    def __init__(self, model: ScriptedModel, request: ScriptedRequest) -> None:
+        self._model = model
+        self._request = request
+        self._pending: ScriptedReply | None = None
+
+    async def __aenter__(self) -> _ScriptedStream:
+        model = self._model
+        if model.latency_s > 0:
+            await trio.sleep(model.latency_s)
+        self._pending = await model._reply(self._request)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+    def __aiter__(self) -> _ScriptedStream:
+        return self
+
+    async def __anext__(self) -> ScriptedReply:
+        reply, self._pending = self._pending, None
+        if reply is None:
+            raise StopAsyncIteration
+        return reply
+
+
 class _ScriptedTranslator:
-    """Passes the reply's events on (pausing `chunk_delay_s` after each delta); `finish()`
-    emits StreamDone with the reply's usage (else an estimate)."""
+    """Streams a reply's events (`reply_events`, pausing `chunk_delay_s` after each delta);
+    `finish()` emits StreamDone with the reply's usage (else an estimate)."""
 
-    def __init__(self, emit: OnChunk, model: ScriptedModel, reply: _Reply) -> None:
+    __slots__ = ("_emit", "_messages", "_model", "_reply", "_turn")
+
+    def __init__(self, emit: OnChunk, model: ScriptedModel, messages: tuple[Message, ...], turn: int) -> None:
         self._emit = emit
-        self._delay = model.chunk_delay_s
-        self._reply = reply
+        self._model = model
+        self._messages = messages
+        self._turn = turn
+        self._reply: ScriptedReply | None = None
 
-    async def feed(self, event: StreamEvent) -> None:
-        await self._emit(event)
-        if self._delay > 0 and isinstance(event, ev.TextDelta | ev.ThinkingDelta | ev.ToolCallDelta):
-            await trio.sleep(self._delay)
+    async def feed(self, reply: ScriptedReply) -> None:
+        self._reply = reply
+        model = self._model
+        emit, delay = self._emit, model.chunk_delay_s
+        for event in reply_events(reply, model.chunk_size, f"sig-{model.name}", self._turn):
+            await emit(event)
+            if delay and isinstance(event, ev.TextDelta | ev.ThinkingDelta | ev.ToolCallDelta):
+                await trio.sleep(delay)
 
     async def finish(self) -> tuple[str | None, Usage]:
-        reply = self._reply.value
+        reply = self._reply
         assert reply is not None
         finish = reply.finish_reason or ("tool_use" if reply.tool_calls else "stop")
-        usage = reply.usage or _estimate_usage(self._reply.request.messages, reply)
+        usage = reply.usage or _estimate_usage(self._messages, reply)
         await self._emit(ev.StreamDone(finish, usage))
         return finish, usage
-
-
-@dataclass
-class _Reply:
-    request: ScriptedRequest
-    value: ScriptedReply | None = None
-
-
-async def _events(events: list[StreamEvent]) -> AsyncIterator[StreamEvent]:
-    for event in events:
-        yield event
 
 
 async def stream_scripted(actor: Actor, on_chunk: OnChunk) -> Actor:
     """The provider function for `provider="scripted"`."""
     model = get_scripted_model(actor.endpoint.model)
     messages = actor.trajectory.messages
-    turn = 1 + list(map(_ROLE, messages)).count("assistant")
+    turn = 1 + model._assistant_messages(messages)
 
-    def build() -> _Reply:
+    def build() -> _ScriptedStream:
         request = ScriptedRequest(messages, actor.tools, actor.endpoint, model.calls)
         model.calls += 1
         model.last_request = request
-        return _Reply(request)
-
-    @asynccontextmanager
-    async def open_stream(reply: _Reply) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-        if model.latency_s > 0:
-            await trio.sleep(model.latency_s)
-        reply.value = await model._reply(reply.request)
-        yield _events(reply_events(reply.value, model.chunk_size, f"sig-{model.name}", turn))
-
-    pending: list[_Reply] = []
-
-    def remember(reply: _Reply) -> _Reply:
-        pending[:] = [reply]
-        return reply
+        return _ScriptedStream(model, request)
 
     return await run_call(
         actor,
         on_chunk,
-        build=lambda: remember(build()),
-        open_stream=open_stream,
-        translator=lambda emit: _ScriptedTranslator(emit, model, pending[0]),
-        classify=lambda exc: None,  # the script's exception is the provider's final word
+        build=build,
+        open_stream=_itself,
+        translator=lambda emit: _ScriptedTranslator(emit, model, messages, turn),
+        classify=_never_retried,
         provider="scripted",
         model=model.name,
+        bounded=False,  # no I/O to time out, as before the shared skeleton
     )
+
+
+def _itself(stream: _ScriptedStream) -> _ScriptedStream:
+    return stream
+
+
+def _never_retried(exc: Exception) -> None:
+    """The script's exception is the provider's final word: raised as it is."""
+    return None
