@@ -11,9 +11,18 @@ Each transport is timed `--repeats` times (best kept), then run once more under 
 where the client CPU goes, grouped by package (SDK, HTTP stack, trio, our loop, scoring, writing);
 time in the standard library and C builtins (json, typing, re, ...) is charged to its callers.
 
+The default path (an Endpoint with no `transport`: the lean transport for a self-hosted
+server since `transport="auto"`) is timed as its own third path: `cpu_ms_per_sample_default`,
+`ratio_to_ideal_default`.
+
+Big runs (each in a fresh subprocess, so its peak RSS is its own): evaluate() over a lazily read
+JSONL of `--big-samples` rows (100,000) and of a tenth of that (10,000), 1,000 in flight, through
+the default path: `rss_mb_100k`, `cpu_ms_per_sample_100k`, `rss_mb_10k`, `cpu_ms_per_sample_10k`
+(flat figures mean memory and per-sample CPU do not grow with the dataset). `--no-big` skips them.
+
 Run: python benchmarks/evaluate.py [--samples 1000] [--concurrency 100] [--latency 0.05]
 Last line: JSON with wall_s (best transport), wall_s_sdk, ideal_s, samples_per_s,
-cpu_ms_per_sample (and per-transport details).
+cpu_ms_per_sample (and per-transport details, the default path's and the big runs' figures).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import cProfile
 import json
 import os
 import pstats
+import resource
 import subprocess
 import sys
 import tempfile
@@ -95,14 +105,10 @@ def _prepare(row: dict[str, Any]) -> list[Message]:
 
 
 def _config(base_url: str, transport: str, concurrency: int, output_dir: str) -> EvalConfig:
+    """`transport` is "sdk", "http" or "default" (no transport set: what a user gets)."""
+    chosen: dict[str, Any] = {} if transport == "default" else {"transport": transport}
     return EvalConfig(
-        endpoint=Endpoint(
-            "openai-compatible",
-            "fake-model",
-            api_base=base_url,
-            api_key="sk-bench",
-            transport=transport,  # type: ignore[arg-type]
-        ),
+        endpoint=Endpoint("openai-compatible", "fake-model", api_base=base_url, api_key="sk-bench", **chosen),
         prepare_messages=_prepare,
         score_fn=combine(metric("correct", exact_match(extract=extract_tag("answer")), weight=1.0)),
         max_concurrent=concurrency,
@@ -278,13 +284,13 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         # Warm-up (connections, lazy imports inside the SDK), not measured.
         await _timed_run(server.base_url, "http", min(n, 200), conc)
         await _timed_run(server.base_url, "sdk", min(n, 200), conc)
-        # Interleaved (http, sdk, bare httpx2 in turn), so machine load hits all three alike.
-        runs: dict[str, list[dict[str, Any]]] = {"http": [], "sdk": [], "bare": []}
+        # Interleaved (http, sdk, default, bare httpx2 in turn), so machine load hits all alike.
+        runs: dict[str, list[dict[str, Any]]] = {"http": [], "sdk": [], "default": [], "bare": []}
         for _ in range(args.repeats):
-            for transport in ("http", "sdk"):
+            for transport in ("http", "sdk", "default"):
                 runs[transport].append(await _timed_run(server.base_url, transport, n, conc))
             runs["bare"].append(await _bare_http_run(server.base_url, n, conc))
-        for transport in ("http", "sdk"):
+        for transport in ("http", "sdk", "default"):
             best = min(runs[transport], key=lambda r: r["wall_s"])
             results[transport] = {
                 "wall_s": best["wall_s"],
@@ -327,10 +333,12 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
                         print(f"  {share * 100:5.1f}%  {share * cpu:6.3f} ms  {g}")
                 print("  top functions (profiled, so inflated):")
                 print("\n".join(top))
+        big = {} if args.no_big else _big_runs(server.base_url, args.big_samples, args.big_concurrency)
     finally:
         server_stats = server.stop()
     print(f"\nserver: {server_stats}")
     refs = results.pop("references")
+    default = results.pop("default")
     best_transport = min(results, key=lambda t: results[t]["wall_s"])
     best = results[best_transport]
     return {
@@ -344,6 +352,10 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         "samples_per_s_sdk": round(results["sdk"]["samples_per_s"], 1),
         "ratio_to_ideal": round(best["ratio_to_ideal"], 2),
         "ratio_to_ideal_sdk": round(results["sdk"]["ratio_to_ideal"], 2),
+        "cpu_ms_per_sample_default": round(default["cpu_ms_per_sample"], 3),
+        "ratio_to_ideal_default": round(default["ratio_to_ideal"], 2),
+        "wall_s_default": round(default["wall_s"], 4),
+        **big,
         "samples": n,
         "concurrency": conc,
         "latency_s": args.latency,
@@ -354,6 +366,55 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------------------------
+# Big runs: a lazily read JSONL, 1,000 in flight, each in its own process (peak RSS is its own)
+# --------------------------------------------------------------------------------------------
+
+
+def _write_rows(path: Path, n: int) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(n):
+            f.write(json.dumps({"n": i, "answer": str(i)}) + "\n")
+
+
+def _big_runs(base_url: str, n: int, concurrency: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"big_samples": n, "big_concurrency": concurrency}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rows, label in ((max(1, n // 10), "10k"), (n, "100k")):
+            path = Path(tmp) / f"rows_{rows}.jsonl"
+            _write_rows(path, rows)
+            child = subprocess.run(
+                [sys.executable, __file__, "--big-child", str(path), "--base-url", base_url]
+                + ["--concurrency", str(concurrency)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            r = json.loads(child.stdout.strip().splitlines()[-1])
+            print(
+                f"big run, {rows} rows from a JSONL, {concurrency} in flight (default path): wall {r['wall_s']:.2f} s, "
+                f"CPU {r['cpu_ms_per_sample']:.3f} ms/sample, peak RSS {r['rss_mb']:.0f} MB"
+            )
+            out[f"rss_mb_{label}"] = r["rss_mb"]
+            out[f"cpu_ms_per_sample_{label}"] = r["cpu_ms_per_sample"]
+            out[f"wall_s_{label}"] = r["wall_s"]
+    return out
+
+
+async def _big_child(rows_path: str, base_url: str, concurrency: int) -> dict[str, Any]:
+    from rollouts.eval.io import load_jsonl
+
+    with tempfile.TemporaryDirectory() as out:
+        config = _config(base_url, "default", concurrency, out)
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        report = await evaluate(load_jsonl(rows_path), config)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    n = report.summary["counts"]["completed"]
+    assert n == _count_lines(Path(rows_path)), report.summary["counts"]
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return {"wall_s": round(wall, 3), "cpu_ms_per_sample": round(cpu * 1e3 / n, 3), "rss_mb": round(rss_mb, 1)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", type=int, default=1000)
@@ -361,10 +422,18 @@ def main() -> None:
     p.add_argument("--latency", type=float, default=0.05)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--big-samples", type=int, default=100_000, help="rows of the big run (a tenth for the small one)")
+    p.add_argument("--big-concurrency", type=int, default=1000)
+    p.add_argument("--no-big", action="store_true", help="skip the big runs")
+    p.add_argument("--big-child", help=argparse.SUPPRESS)
+    p.add_argument("--base-url", help=argparse.SUPPRESS)
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
         trio.run(_serve, args.latency)
+        return
+    if args.big_child:
+        print(json.dumps(trio.run(_big_child, args.big_child, args.base_url, args.concurrency)))
         return
     result = trio.run(_client, args)
     print(json.dumps(result))

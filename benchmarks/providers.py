@@ -102,7 +102,7 @@ PROVIDERS: list[ProviderEntry] = [
     ),
     ProviderEntry(
         "openai_compatible",
-        lambda url: Endpoint("openai-compatible", "fake-model", api_base=f"{url}/v1"),
+        lambda url: Endpoint("openai-compatible", "fake-model", api_base=f"{url}/v1", transport="sdk"),
         _openai_client,
         _openai_bare,
         _close_openai,

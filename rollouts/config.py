@@ -42,6 +42,7 @@ from typing import Any, Literal
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ConfigurationError, UnknownProviderError
 from rollouts.local_model import MODEL_NAMES
+from rollouts.providers.keys import PROVIDER_KEY_ENV
 
 __all__ = [
     "PROVIDER_KEY_ENV",
@@ -56,15 +57,6 @@ __all__ = [
     "resolve_model",
 ]
 
-# Provider -> the environment variables its key is read from, in order of preference. A provider
-# with no entry needs no key (local, scripted) or takes one only through `api_key_env`
-# (openai-compatible: your OpenAI key is never sent to an arbitrary server).
-PROVIDER_KEY_ENV: Mapping[str, tuple[str, ...]] = {
-    "anthropic": ("ANTHROPIC_API_KEY",),
-    "openai": ("OPENAI_API_KEY",),
-    "openai-responses": ("OPENAI_API_KEY",),
-    "google": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
-}
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _URL = re.compile(r"^https?://[^/\s]+", re.IGNORECASE)
@@ -162,7 +154,7 @@ class BaseModelConfig:
     max_retries: int = 3
     timeout: float = 120.0
     extra_params: Mapping[str, Any] | None = None
-    transport: Literal["sdk", "http"] = "sdk"
+    transport: Literal["auto", "sdk", "http"] = "auto"
 
     def __post_init__(self) -> None:
         if self.api_key_env is not None and not _ENV_NAME.match(self.api_key_env):

@@ -80,7 +80,9 @@ class Endpoint:
 
     `api_key` is never printed (`repr`) and never emitted by `to_dict()` unless
     `exclude_secrets=False` is passed explicitly. `transport` selects how OpenAI-compatible
-    servers are reached: `"sdk"` (the official SDK) or `"http"` (our lean httpx transport).
+    servers are reached: `"sdk"` (the official SDK), `"http"` (our lean httpx transport) or
+    `"auto"` (the default: the lean transport for self-hosted servers — `openai-compatible`,
+    `vllm`, `sglang`, `llamacpp`, `local` — and the SDK for `openai`).
     """
 
     provider: str
@@ -93,7 +95,7 @@ class Endpoint:
     max_retries: int = 3
     timeout: float = 120.0
     extra_params: Mapping[str, Any] | None = None
-    transport: Literal["sdk", "http"] = "sdk"
+    transport: Literal["auto", "sdk", "http"] = "auto"
 
     def __post_init__(self) -> None:
         if not self.provider:
@@ -108,8 +110,8 @@ class Endpoint:
             raise ValueError(f"Endpoint.max_retries must be >= 0, got {self.max_retries}")
         if self.timeout <= 0:
             raise ValueError(f"Endpoint.timeout must be > 0 seconds, got {self.timeout}")
-        if self.transport not in ("sdk", "http"):
-            raise ValueError(f"Endpoint.transport must be 'sdk' or 'http', got {self.transport!r}")
+        if self.transport not in ("auto", "sdk", "http"):
+            raise ValueError(f"Endpoint.transport must be 'auto', 'sdk' or 'http', got {self.transport!r}")
         _freeze_field(self, "thinking", optional=True)
         _freeze_field(self, "extra_params", optional=True)
         if self.api_key or self.extra_params or self.api_base:

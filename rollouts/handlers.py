@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, TypeAlias
 import trio
 
 from rollouts.dtypes import AgentState, Message, StopReason, ToolCall, ToolResult, Usage
+from rollouts.errors import ConfigurationError
+from rollouts.providers import price_for
 
 if TYPE_CHECKING:
     from rollouts.run_config import RunConfig
@@ -83,11 +85,22 @@ def _total_usage(state: AgentState) -> Usage:
 def handle_stop_token_budget(max_tokens: int) -> Handler:
     """Stop once the tokens the providers reported (`Usage.total_tokens` summed over the
     trajectory's assistant messages: input + output + cache read/write) reach `max_tokens`.
-    Counts come from each call's real Usage, never from an estimate of the text."""
+    Counts come from each call's real Usage, never from an estimate of the text.
+
+    A server that reports no usage (the reply is marked `details["usage_reported"] = False`)
+    makes the budget uncountable: the handler raises ConfigurationError at the first such reply
+    rather than letting the run go on unbounded."""
     if max_tokens < 1:
         raise ValueError(f"handle_stop_token_budget: max_tokens must be >= 1, got {max_tokens}")
 
     def handler(state: AgentState) -> AgentState:
+        for m in state.actor.trajectory.messages:
+            if m.role == "assistant" and m.details and m.details.get("usage_reported") is False:
+                raise ConfigurationError(
+                    f"handle_stop_token_budget: the server of {m.provider or 'this endpoint'}/{m.model or '?'} "
+                    "reports no token usage, so a token budget cannot be counted; turn on usage reporting "
+                    "(OpenAI-compatible servers: stream_options include_usage) or bound the run with max_turns"
+                )
         used = _total_usage(state).total_tokens
         if used >= max_tokens:
             return _stopped(state, StopReason.BUDGET_EXCEEDED, f"used {used} tokens of a {max_tokens} budget")
@@ -97,11 +110,22 @@ def handle_stop_token_budget(max_tokens: int) -> Handler:
 
 
 def handle_stop_cost_budget(max_cost_usd: float, cost_fn: Callable[[Usage], float] | None = None) -> Handler:
-    """Stop once the cost reaches `max_cost_usd` (from Usage.cost_usd, or `cost_fn(usage)`)."""
+    """Stop once the cost reaches `max_cost_usd` (from Usage.cost_usd, or `cost_fn(usage)`).
+
+    Without `cost_fn`, a model the price table does not know (see `register_price`) would cost
+    $0 forever and the budget would never stop the run: the handler raises ConfigurationError on
+    its first check instead (the start of the run). Scripted models set their own costs."""
     if not max_cost_usd > 0:
         raise ValueError(f"handle_stop_cost_budget: max_cost_usd must be > 0, got {max_cost_usd}")
 
     def handler(state: AgentState) -> AgentState:
+        ep = state.actor.endpoint
+        if cost_fn is None and ep.provider != "scripted" and price_for(ep.model) is None:
+            raise ConfigurationError(
+                f"handle_stop_cost_budget: no price for model {ep.model!r} (provider {ep.provider!r}), so its "
+                "cost would always read $0 and the budget would never stop the run; add one with "
+                "rollouts.register_price(model, ModelPrice(input=..., output=...)) or pass cost_fn="
+            )
         usage = _total_usage(state)
         cost = cost_fn(usage) if cost_fn is not None else usage.cost_usd
         if cost >= max_cost_usd:

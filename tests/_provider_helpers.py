@@ -30,3 +30,28 @@ async def call(actor: Actor, rec: Recorder | None = None) -> tuple[Actor, Record
     rec = rec or Recorder()
     fn = get_provider_function(actor.endpoint.provider, actor.endpoint.model)
     return await fn(actor, rec), rec
+
+
+def assert_event_grammar(events: list[StreamEvent]) -> None:
+    """The events of one successful call follow the grammar of `rollouts.events`: blocks one at a
+    time (Start, its deltas, its End), no event for a block after its end, StreamDone last."""
+    from rollouts import events as ev
+
+    starts = (ev.TextStart, ev.ThinkingStart, ev.ToolCallStart)
+    middles = (ev.TextDelta, ev.ThinkingDelta, ev.ThinkingSignature, ev.ToolCallDelta)
+    ends = (ev.TextEnd, ev.ThinkingEnd, ev.ToolCallEnd, ev.ToolCallError)
+    open_index: int | None = None
+    closed: set[int] = set()
+    for n, e in enumerate(events):
+        where = f"event {n} {e!r}"
+        if isinstance(e, starts):
+            assert open_index is None, f"{where} starts while block {open_index} is open"
+            assert e.content_index not in closed, f"{where} restarts an ended block"
+            open_index = e.content_index
+        elif isinstance(e, middles + ends):
+            assert e.content_index == open_index, f"{where} is not for the open block {open_index}"
+            if isinstance(e, ends):
+                closed.add(e.content_index)
+                open_index = None
+    assert open_index is None, f"block {open_index} never ended"
+    assert isinstance(events[-1], ev.StreamDone)

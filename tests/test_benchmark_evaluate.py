@@ -17,7 +17,7 @@ def test_benchmark_prints_consistent_json_last() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "evaluate.py"), "--samples", str(n), "--concurrency", str(conc)]
-        + ["--latency", str(latency), "--repeats", "1"],
+        + ["--latency", str(latency), "--repeats", "1", "--big-samples", "200", "--big-concurrency", "50"],
         capture_output=True,
         text=True,
         timeout=240,
@@ -27,7 +27,19 @@ def test_benchmark_prints_consistent_json_last() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     result = json.loads(lines[-1])
-    for key in ("wall_s", "wall_s_sdk", "ideal_s", "samples_per_s", "cpu_ms_per_sample"):
+    for key in (
+        "wall_s",
+        "wall_s_sdk",
+        "ideal_s",
+        "samples_per_s",
+        "cpu_ms_per_sample",
+        "cpu_ms_per_sample_default",
+        "ratio_to_ideal_default",
+        "rss_mb_100k",
+        "cpu_ms_per_sample_100k",
+        "rss_mb_10k",
+        "cpu_ms_per_sample_10k",
+    ):
         assert isinstance(result[key], int | float) and result[key] > 0, key
     ideal = n / conc * latency
     assert result["ideal_s"] == round(ideal, 4)

@@ -94,3 +94,22 @@ async def test_gemini_streamed_and_complete_through_the_sdk() -> None:
     assert last.candidates[0].finish_reason == genai_types.FinishReason.STOP  # type: ignore[index]
     assert last.usage_metadata is not None and last.usage_metadata.thoughts_token_count == 3
     assert info.value.code == 403 and info.value.status == "PERMISSION_DENIED"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_gemini_format_answers_500_for_malformed_tool_arguments(stream: bool) -> None:
+    """Issue 13 item 14: Gemini sends arguments as a JSON object, so a scripted call with
+    malformed arguments cannot be rendered. The server answered nothing and its task died;
+    now it answers 500 naming the turn, notes it in `errors`, and keeps serving."""
+    bad = ScriptedReply(tool_calls=(ScriptedToolCall("add", '{"value": 3'),))
+    async with open_fake_server([bad, "still here"]) as srv:
+        action = "streamGenerateContent?alt=sse" if stream else "generateContent"
+        url = f"{srv.url}/v1beta/models/gemini-2.5-flash:{action}"
+        body = {"contents": [{"role": "user", "parts": [{"text": "add"}]}]}
+        async with httpx2.AsyncClient() as client:
+            r = await client.post(url, json=body)
+            assert r.status_code == 500
+            assert "turn 1" in r.json()["error"]["message"]
+            assert len(srv.errors) == 1 and "gemini" in srv.errors[0]
+            ok = await client.post(url, json=body)
+            assert ok.status_code == 200 and "stil" in ok.text

@@ -455,3 +455,36 @@ async def test_images_reach_the_server_through_the_sdk() -> None:
         "cache_control": {"type": "ephemeral"},
     }
     assert actor.trajectory.messages[-1].text == "A pixel."
+
+
+async def test_resume_after_a_mid_stream_abort_with_thinking_sends_no_trailing_prefill(tmp_path: Any) -> None:
+    """Issue 13 item 9: the partial reply of a cancelled run (thinking + cut-off text) is not sent
+    back as a trailing assistant prefill, which Anthropic rejects with extended thinking on."""
+    from rollouts.store import FileSessionStore
+    from rollouts.store.resume import resume_session
+
+    endpoint = Endpoint("anthropic", MODEL, api_key="k", thinking={"budget_tokens": 2048})
+    first = ScriptedReply("The answer is forty-two, for reasons. " * 20, thinking="Let me think it over.")
+    async with open_fake_server([FakeTurn(first, event_delay=0.01), "Forty-two."]) as srv:
+        endpoint = replace(endpoint, api_base=srv.url)
+        store = FileSessionStore(tmp_path)
+        cs = trio.CancelScope()
+
+        async def on_chunk(event: Any) -> None:
+            if isinstance(event, TextDelta):
+                cs.cancel()
+
+        start = AgentState(actor=Actor(Trajectory((Message("user", "What is the answer?"),)), endpoint))
+        aborted = (await run_agent(start, RunConfig(on_chunk=on_chunk, cancel_scope=cs, session_store=store)))[-1]
+        partial = aborted.messages[-1]
+        assert aborted.stop == StopReason.ABORTED and partial.details == {"aborted": True}
+        assert partial.text and any(isinstance(b, ThinkingContent) for b in partial.blocks)
+
+        assert aborted.session_id is not None
+        state = await resume_session(store, aborted.session_id, api_key="k")
+        final = (await run_agent(state, RunConfig(session_store=store, max_turns=1)))[-1]
+        body = srv.last_request.json
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+    assert [m["role"] for m in body["messages"]] == ["user"]  # no trailing assistant message
+    assert partial.text not in str(body)
+    assert final.messages[-1].text == "Forty-two." and final.messages[-2] == partial  # the record keeps it

@@ -296,3 +296,20 @@ async def test_api_version_in_the_base_url_is_used() -> None:
         await call(_actor(srv.url + "/"))
         assert srv.last_request.path == f"/v1/models/{MODEL}:streamGenerateContent"
     assert actor.trajectory.messages[-1].text == "hi"
+
+
+@pytest.mark.parametrize("status", [500, 429])
+async def test_failed_attempts_emit_no_stream_start_before_the_status_is_known(status: int) -> None:
+    """Issue 13 item 11: like every other provider, an attempt refused with an HTTP error shows
+    no StreamStart (the stream never opened), only the StreamError that announces the retry;
+    a refused final attempt likewise."""
+    async with open_fake_server([http_error(status), "Hi."]) as srv:
+        _, rec = await call(_actor(srv.url))
+    assert rec.kinds()[:4] == ["LLMCallStart", "StreamError", "StreamStart", "TextStart"]
+    assert rec.of(StreamStart) == [StreamStart(attempt=2)]
+
+    async with open_fake_server([http_error(401)]) as srv:
+        rec = Recorder()
+        with pytest.raises(AuthenticationError):
+            await call(_actor(srv.url), rec)
+    assert rec.kinds() == ["LLMCallStart", "StreamError"]

@@ -354,3 +354,36 @@ async def test_same_event_sequence_as_the_scripted_reference_provider(transport:
     assert isinstance(rec.events[-1], StreamDone) and rec.events[-1].usage.cost_usd > 0  # priced; scripted is not
     assert ours[1:] == reference.events[1:]
     assert len(rec.events) > 20
+
+
+@TRANSPORTS
+async def test_interleaved_parallel_tool_call_deltas_follow_the_event_grammar(transport: str) -> None:
+    """Issue 13 item 10: a server that interleaves the deltas of parallel calls gets no early end
+    and no delta for an ended block; the calls stream one after the other."""
+    from tests._provider_helpers import assert_event_grammar
+
+    reply = ScriptedReply(
+        "Computing.",
+        tool_calls=(
+            ScriptedToolCall("add", {"value": 12.5}, id="call_a"),
+            ScriptedToolCall("multiply", {"value": 3}, id="call_b"),
+            ScriptedToolCall("add", '{"value": 4', id="call_c"),  # never completes
+            ScriptedToolCall("add", {"value": 5}, id="call_d"),
+        ),
+    )
+    async with open_fake_server([reply], interleave_tool_calls=True) as srv:
+        actor, rec = await _call(replace(_actor(srv.base_url, transport), tools=(ADD, MUL)))
+    events = rec.events[1:]  # after LLMCallStart
+    assert_event_grammar(events[1:])  # after StreamStart
+    ends = [e for e in events if isinstance(e, ToolCallEnd | ToolCallError)]
+    assert [e.content_index for e in ends] == [1, 2, 3, 4]  # each call ends once, in order
+    for call_id, raw in [("call_a", '{"value": 12.5}'), ("call_b", '{"value": 3}'), ("call_d", '{"value": 5}')]:
+        assert "".join(d.delta for d in rec.of(ToolCallDelta) if d.tool_call_id == call_id) == raw
+    calls = actor.trajectory.messages[-1].get_tool_calls()
+    assert [(c.id, dict(c.arguments)) for c in calls] == [
+        ("call_a", {"value": 12.5}),
+        ("call_b", {"value": 3}),
+        ("call_c", {}),
+        ("call_d", {"value": 5}),
+    ]
+    assert calls[2].parse_error is not None and calls[2].raw_arguments == '{"value": 4'

@@ -317,12 +317,69 @@ def test_sse_parser_is_independent_of_chunk_boundaries(cuts: list[int], crlf: bo
 async def test_connection_reuse_follows_keepalive(
     transport: str, provider: str, extra: dict[str, Any] | None, reused: bool
 ) -> None:
-    n = SHARDS + 2  # the lean transport spreads requests over SHARDS clients
+    n = SHARDS + 2  # more calls than the lean transport has pools
     async with open_fake_server([f"reply {i}" for i in range(n)]) as srv:
         actor = _actor(srv.base_url, transport, provider=provider, extra_params=extra)
         async with client_scope():
             for _ in range(n):
                 await _call(actor)
         assert all("keepalive" not in r.json for r in srv.scripted_requests)  # never sent to the server
-        kept = 1 if transport == "sdk" else SHARDS
-        assert srv.connections_opened == (kept if reused else n)
+        # sequential calls reuse one connection (the lean transport picks its least busy pool)
+        assert srv.connections_opened == (1 if reused else n)
+
+
+@pytest.mark.parametrize(
+    ("provider", "transport", "lean"),
+    [
+        ("openai-compatible", "auto", True),
+        ("vllm", "auto", True),
+        ("sglang", "auto", True),
+        ("llamacpp", "auto", True),
+        ("openai", "auto", False),
+        ("openai-compatible", "sdk", False),
+        ("openai", "http", True),
+    ],
+)
+async def test_the_lean_transport_is_the_default_for_self_hosted_servers(
+    provider: str, transport: str, lean: bool
+) -> None:
+    """Issue 19 item 1: a user who sets no transport gets the lean one for a self-hosted server
+    (same events, Message and usage: the parametrized parity tests above) and the SDK for OpenAI."""
+    async with open_fake_server(["hi"]) as srv:
+        actor = _actor(srv.base_url, transport, provider=provider, api_key="k")
+        assert Endpoint(provider, "m").transport == "auto"
+        new, _ = await _call(actor)
+        sdk_headers = any(h.startswith("x-stainless") for h in srv.last_request.headers)
+    assert sdk_headers is not lean
+    assert new.trajectory.messages[-1].text == "hi"
+
+
+async def test_the_lean_transport_sends_a_request_in_one_write() -> None:
+    """Issue 19 item 1: httpcore2 writes a request's head and body separately, each a system call
+    that wakes the server; the lean transport's connections hold writes until they read."""
+    import httpcore2
+
+    from rollouts.providers.openai_http import _CorkedStream
+
+    class Inner(httpcore2.AsyncNetworkStream):
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+
+        async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+            self.writes.append(buffer)
+
+        async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+            return b"HTTP/1.1 200 OK\r\n"
+
+        async def aclose(self) -> None:
+            pass
+
+    inner = Inner()
+    stream = _CorkedStream(inner)
+    await stream.write(b"POST /v1/chat/completions HTTP/1.1\r\n\r\n")
+    await stream.write(b'{"model": "m"}')
+    assert inner.writes == []
+    assert await stream.read(100) == b"HTTP/1.1 200 OK\r\n"
+    assert inner.writes == [b'POST /v1/chat/completions HTTP/1.1\r\n\r\n{"model": "m"}']
+    await stream.write(b"x" * (70 * 1024))  # a large body does not wait for the read
+    assert len(inner.writes) == 2

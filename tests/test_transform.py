@@ -148,3 +148,17 @@ def test_mapped_ids_are_valid_and_distinct(ids: list[str]) -> None:
         mapped = {map_tool_call_id(i, max_len) for i in ids}
         assert len(mapped) == len(ids)
         assert all(SAFE.match(m) and len(m) <= max_len for m in mapped)
+
+
+def test_a_reply_cut_short_is_never_sent_as_a_prefill() -> None:
+    """Issue 13 item 9, for every provider: an aborted reply is dropped when last or when a
+    later reply replaced it, and kept as context before a new user message."""
+
+    q = Message("user", "q")
+    cut = Message("assistant", "The ans", details={"aborted": True})
+    answer = Message("assistant", "The answer is 42.")
+    then = Message("user", "Go on.")
+    for target in (chat_target("openai"), anthropic_provider.TARGET, google_provider.TARGET, openai_responses.TARGET):
+        assert transform_history((q, cut), target) == (q,)
+        assert transform_history((q, cut, answer), target) == (q, answer)
+        assert transform_history((q, cut, then), target) == (q, cut, then)

@@ -289,7 +289,7 @@ def key_variable_names(args: argparse.Namespace | None = None) -> tuple[str, ...
     """Every environment variable an API key may be read from in this command: the providers'
     usual ones, those named by flags (--api-key-env, --reflection-api-key-env, ...) and those
     the config files' endpoints name with api_key_env."""
-    from rollouts.config import PROVIDER_KEY_ENV
+    from rollouts.providers.keys import PROVIDER_KEY_ENV
 
     names = [n for names in PROVIDER_KEY_ENV.values() for n in names]
     for flag, value in sorted(vars(args).items()) if args is not None else ():

@@ -13,6 +13,19 @@ from collections.abc import Awaitable, Callable
 from rollouts.dtypes import Actor
 from rollouts.errors import UnknownProviderError
 from rollouts.events import OnChunk
+from rollouts.providers._pricing import ModelPrice, UnknownPriceWarning, price_for, register_price
+
+__all__ = [
+    "ModelPrice",
+    "ProviderFn",
+    "ProviderResolver",
+    "UnknownPriceWarning",
+    "get_provider_function",
+    "known_providers",
+    "price_for",
+    "register_price",
+    "register_provider",
+]
 
 ProviderFn = Callable[[Actor, OnChunk], Awaitable[Actor]]
 # A resolver picks the function for a model name (e.g. chat vs. responses API).

@@ -12,6 +12,7 @@ import re
 import uuid
 from typing import Any
 
+from rollouts import events as ev
 from rollouts.dtypes import (
     Actor,
     Endpoint,
@@ -20,30 +21,16 @@ from rollouts.dtypes import (
     TextContent,
     ThinkingContent,
     Tool,
-    ToolCall,
     ToolCallContent,
     Usage,
 )
 from rollouts.errors import ProviderError
-from rollouts.events import (
-    OnChunk,
-    StreamDone,
-    TextDelta,
-    TextEnd,
-    TextStart,
-    ThinkingDelta,
-    ThinkingEnd,
-    ThinkingStart,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallError,
-    ToolCallStart,
-)
-from rollouts.partial_json import parse_partial_json
+from rollouts.events import OnChunk
 from rollouts.providers._pricing import with_cost
 from rollouts.providers._retry import IncompleteStreamError
 from rollouts.providers._text_tool_calls import extract_text_tool_calls
-from rollouts.providers._transform import chat_target, transform_history
+from rollouts.providers._tool_events import end_tool_call, parse_arguments, tool_call_delta
+from rollouts.providers._transform import chat_target, transform_history, with_extra_params
 
 # o-series and gpt-5 reasoning models: max_completion_tokens, reasoning_effort, no temperature.
 _REASONING_MODEL = re.compile(r"^(?:[\w.-]+/)?(?:o\d|gpt-5)(?:$|[-.\w])")
@@ -61,7 +48,10 @@ def is_reasoning_model(model: str) -> bool:
     return bool(_REASONING_MODEL.match(model.lower()))
 
 
-def _effort(endpoint: Endpoint) -> str | None:
+def reasoning_effort(endpoint: Endpoint) -> str | None:
+    """The reasoning effort `extra_params["reasoning_effort"]` or `Endpoint.thinking` asks for
+    (`{"effort"}`, `{"reasoning_effort"}`, or `{"budget_tokens": N}` mapped to low/medium/high);
+    None without either."""
     params = endpoint.extra_params or {}
     if "reasoning_effort" in params:
         return str(params["reasoning_effort"])
@@ -167,15 +157,12 @@ def build_chat_request(actor: Actor, *, compat: bool) -> dict[str, Any]:
     else:
         body["max_completion_tokens"] = ep.max_tokens
     if reasoning:
-        effort = _effort(ep)
+        effort = reasoning_effort(ep)
         if effort is not None:
             body["reasoning_effort"] = effort
     elif ep.temperature is not None:
         body["temperature"] = ep.temperature
-    for k, v in (ep.extra_params or {}).items():
-        if k not in _LOCAL_PARAMS:
-            body[k] = v
-    return body
+    return with_extra_params(body, ep.extra_params, _LOCAL_PARAMS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,22 +220,37 @@ class _Call:
         self.parts: list[str] = []
         self.ended = False
 
+    def complete(self) -> bool:
+        """Whether the arguments so far are a whole JSON object (no valid piece can follow)."""
+        if not self.parts:
+            return False
+        try:
+            parse_arguments("".join(self.parts))
+        except ValueError:
+            return False
+        return True
+
 
 class ChatStreamTranslator:
     """Feed Chat Completions chunks in order; `finish()` closes open blocks and emits StreamDone.
 
     Blocks get content indices in the order they open, and every block (text, thinking, tool
-    call) ends when the next one starts or the model finishes, so the events follow the shared
-    grammar. A tool call ends with `ToolCallEnd` or, when its arguments are not a JSON object,
-    `ToolCallError`. Servers that interleave the deltas of parallel calls (by `index`) are still
-    read correctly: a call that receives arguments after it ended is ended again, with its full
-    arguments, when the model finishes (the aggregator keeps the last end of a block).
+    call) ends before the next one starts, so the events follow the grammar of `events.py`. A
+    tool call ends with `ToolCallEnd` or, when its arguments are not a JSON object,
+    `ToolCallError`. Parallel calls (told apart by `index`) stream one at a time: a call that
+    starts while the open one's arguments are still incomplete (a server that interleaves the
+    deltas of parallel calls) is held back, with its deltas, until the open call's arguments
+    are complete (or a text block or the end of the turn closes it); then it starts and its
+    held deltas follow, as they came. So the events are the same as if the server had sent the
+    calls one after the other: no call ends early, no delta follows its call's end (a piece that
+    arrives for a call whose arguments were already a whole JSON object is ignored).
 
     With `text_tool_names`, text from the first `{`, backtick or `<` on is held back until the
     end and turned into tool calls if it holds calls to those tools (see `_text_tool_calls`);
     otherwise it is emitted as text unchanged. `text_tool_limit=1` keeps only the first such
     call (the request asked for `parallel_tool_calls: false`). With `model`, the usage's `cost_usd` comes from
-    the price table (`_pricing`).
+    the price table (`_pricing`; `price_expected=False` for self-hosted models: no warning when
+    the table has no price).
     """
 
     __slots__ = (
@@ -262,11 +264,11 @@ class ChatStreamTranslator:
         "_model",
         "_next_index",
         "_open_call",
-        "_reopened",
+        "_price_expected",
+        "_queued",
         "_text_tool_limit",
         "_text_tool_names",
         "finish_reason",
-        "got_output",
         "usage_raw",
     )
 
@@ -277,23 +279,24 @@ class ChatStreamTranslator:
         text_tool_names: frozenset[str] | None = None,
         text_tool_limit: int | None = None,
         model: str = "",
+        price_expected: bool = True,
     ) -> None:
         self._emit = emit
         self._model = model
+        self._price_expected = price_expected
         self._next_index = 0
         self._block_kind: str | None = None  # "text" | "thinking" while one is open
         self._block_index = -1
         self._block_parts: list[str] = []
         self._calls: dict[int, _Call] = {}
         self._open_call: _Call | None = None
-        self._reopened: list[_Call] = []
+        self._queued: list[_Call] = []  # started while the open call was incomplete; not emitted yet
         self._by_id: dict[str, int] = {}
         self._held: list[str] | None = None
         self._text_tool_names = text_tool_names or None
         self._text_tool_limit = text_tool_limit
         self.finish_reason: str | None = None
         self.usage_raw: Any = None
-        self.got_output = False
 
     async def feed(self, chunk: Any) -> None:
         """Translate one chunk (an SDK `ChatCompletionChunk` or its JSON dict)."""
@@ -332,31 +335,29 @@ class ChatStreamTranslator:
             return
         text = "".join(self._block_parts)
         if kind == "text":
-            await self._emit(TextEnd(self._block_index, text))
+            await self._emit(ev.TextEnd(self._block_index, text))
         else:
-            await self._emit(ThinkingEnd(self._block_index, text))
+            await self._emit(ev.ThinkingEnd(self._block_index, text))
         self._block_kind = None
         self._block_parts = []
 
     async def _block_delta(self, kind: str, piece: str) -> None:
-        self.got_output = True
         if self._block_kind != kind:
             await self._close_block()
             await self._close_open_call()
             self._block_kind = kind
             self._block_index = self._next_index
             self._next_index += 1
-            await self._emit(TextStart(self._block_index) if kind == "text" else ThinkingStart(self._block_index))
+            await self._emit(ev.TextStart(self._block_index) if kind == "text" else ev.ThinkingStart(self._block_index))
         self._block_parts.append(piece)
         if kind == "text":
-            await self._emit(TextDelta(self._block_index, piece))
+            await self._emit(ev.TextDelta(self._block_index, piece))
         else:
-            await self._emit(ThinkingDelta(self._block_index, piece))
+            await self._emit(ev.ThinkingDelta(self._block_index, piece))
 
     async def _text(self, piece: str) -> None:
         if self._held is not None:
             self._held.append(piece)
-            self.got_output = True
             return
         if self._text_tool_names is not None:
             m = _TEXT_CALL_OPENERS.search(piece)
@@ -364,28 +365,55 @@ class ChatStreamTranslator:
                 if m.start() > 0:
                     await self._block_delta("text", piece[: m.start()])
                 self._held = [piece[m.start() :]]
-                self.got_output = True
                 return
         await self._block_delta("text", piece)
 
     async def _start_call(self, call_id: str, name: str) -> _Call:
+        """A new call: opened now, or queued while the open call's arguments are incomplete."""
         await self._close_block()
-        await self._close_open_call()
         call = _Call(self._next_index, call_id, name)
         self._next_index += 1
-        self._open_call = call
-        await self._emit(ToolCallStart(call.content_index, call_id, name))
+        open_call = self._open_call
+        if open_call is not None and (self._queued or not open_call.complete()):
+            self._queued.append(call)
+            return call
+        await self._close_open_call()
+        await self._open(call)
         return call
 
+    async def _open(self, call: _Call) -> None:
+        self._open_call = call
+        await self._emit(ev.ToolCallStart(call.content_index, call.id, call.name))
+        raw = ""
+        for piece in call.parts:  # the deltas that arrived while it was queued, as they came
+            raw += piece
+            await self._emit(tool_call_delta(call.content_index, call.id, piece, raw))
+
+    async def _end(self, call: _Call) -> None:
+        call.ended = True
+        await self._emit(end_tool_call(call.content_index, call.id, call.name, "".join(call.parts)))
+
     async def _close_open_call(self) -> None:
+        """End the open call and every queued one, in order."""
         call = self._open_call
-        if call is not None:
+        if call is None:
+            return
+        self._open_call = None
+        await self._end(call)
+        queued, self._queued = self._queued, []
+        for q in queued:
+            await self._open(q)
             self._open_call = None
-            call.ended = True
-            await self._end_call(call)
+            await self._end(q)
+
+    async def _advance_queue(self) -> None:
+        """While the open call's arguments are complete, end it and open the next queued one."""
+        while self._queued and self._open_call is not None and self._open_call.complete():
+            await self._end(self._open_call)
+            self._open_call = self._queued.pop(0)
+            await self._open(self._open_call)
 
     async def _tool_delta(self, tc: Any) -> None:
-        self.got_output = True
         index = _get(tc, "index")
         call_id = _get(tc, "id")
         fn = _get(tc, "function")
@@ -401,30 +429,14 @@ class ChatStreamTranslator:
             self._calls[index] = call
             self._by_id[call.id] = index
         args = _get(fn, "arguments") if fn is not None else None
-        if args:
-            if call.ended and call not in self._reopened:
-                self._reopened.append(call)  # an interleaving server
+        if args and not call.ended:
             if not isinstance(args, str):
                 args = json.dumps(args)
             call.parts.append(args)
-            try:
-                partial = parse_partial_json("".join(call.parts))
-            except ValueError:
-                partial = None
-            await self._emit(
-                ToolCallDelta(call.content_index, call.id, args, partial if isinstance(partial, dict) else None)
-            )
-
-    async def _end_call(self, call: _Call) -> None:
-        raw = "".join(call.parts)
-        try:
-            args = json.loads(raw) if raw.strip() else {}
-            if not isinstance(args, dict):
-                raise ValueError(f"arguments must be a JSON object, got {type(args).__name__}")
-        except ValueError as e:
-            await self._emit(ToolCallError(call.content_index, call.id, call.name, f"invalid JSON arguments: {e}", raw))
-        else:
-            await self._emit(ToolCallEnd(call.content_index, ToolCall(call.id, call.name, args, raw)))
+            if call is self._open_call:
+                await self._emit(tool_call_delta(call.content_index, call.id, args, "".join(call.parts)))
+                if self._queued:
+                    await self._advance_queue()
 
     async def _release_held(self) -> bool:
         """Emit held-back text as text or as tool calls; True if tool calls were found."""
@@ -441,9 +453,10 @@ class ChatStreamTranslator:
         if rest:
             await self._block_delta("text", rest)
         for tc in found:
+            await self._close_open_call()
             call = await self._start_call(f"call_{uuid.uuid4().hex[:24]}", tc.name)
             call.parts.append(tc.raw_arguments)
-            await self._emit(ToolCallDelta(call.content_index, call.id, tc.raw_arguments, tc.arguments))
+            await self._emit(ev.ToolCallDelta(call.content_index, call.id, tc.raw_arguments, tc.arguments))
         return True
 
     async def finish(self, *, require_finish_reason: bool = True) -> tuple[str | None, Usage]:
@@ -454,12 +467,10 @@ class ChatStreamTranslator:
         text_calls = await self._release_held()
         await self._close_block()
         await self._close_open_call()
-        for call in self._reopened:
-            await self._end_call(call)
         raw = self.finish_reason
         reason = "tool_use" if text_calls else _FINISH.get(raw, raw) if raw else None
         usage = usage_from_chat(self.usage_raw) if self.usage_raw is not None else Usage()
         if self._model:
-            usage = with_cost(usage, self._model)
-        await self._emit(StreamDone(reason, usage))
+            usage = with_cost(usage, self._model, warn=self._price_expected)
+        await self._emit(ev.StreamDone(reason, usage))
         return reason, usage

@@ -6,18 +6,28 @@ published by the providers in late 2025; check the provider's page before relyin
 for `cache_read_tokens`, `cache_write` for `cache_write_tokens` and `output` for `output_tokens`
 (which includes reasoning tokens, billed as output by every provider).
 
-A model is found by the longest table key that its name starts with, after dropping a
-`models/` or `provider/` prefix, so dated snapshots (`claude-sonnet-4-5-20250929`,
-`gpt-4o-2024-08-06`) price like their family. Unknown models cost 0.0; `price_for` returns
-None for them so callers can tell "free" from "unknown". `register_price` adds or overrides
-an entry (e.g. for a self-hosted model with an internal cost).
+A model is priced by its exact name, after dropping a `models/` or `provider/` prefix and
+case, or by a dated alias of a listed name (`claude-sonnet-4-5-20250929`, `gpt-4o-2024-08-06`,
+`claude-3-7-sonnet-latest`, `gemini-2.0-flash-001`). Nothing else matches: `o3-pro` and
+`o3-mini` are not `o3`, `gpt-5-pro` is not `gpt-5` (they cost several times more or less).
+A model that is not listed has no price: `price_for` and `cost_usd` return None, `with_cost`
+leaves `cost_usd` at 0.0 and warns once per model (`UnknownPriceWarning`) — pass
+`warn=False` where no price is expected (self-hosted servers). `register_price` adds or
+overrides an entry (e.g. for a self-hosted model with an internal cost). A cost budget
+(`handle_stop_cost_budget`) refuses to start on a model without a price.
 """
 
 from __future__ import annotations
 
+import re
+import warnings
 from dataclasses import dataclass, replace
 
 from rollouts.dtypes import Usage
+
+
+class UnknownPriceWarning(UserWarning):
+    """A model's usage was not priced: it is not in the price table (see `register_price`)."""
 
 
 @dataclass(frozen=True)
@@ -68,28 +78,34 @@ def _normalise(model: str) -> str:
     return name
 
 
+# A dated snapshot or alias of a listed name: -20250929, -2024-08-06, -latest, -001.
+_ALIAS_SUFFIX = re.compile(r"-(?:\d{8}|\d{4}-\d{2}-\d{2}|latest|\d{3})$")
+_warned: set[str] = set()
+
+
 def price_for(model: str) -> ModelPrice | None:
-    """The price of `model` (longest matching table prefix), or None when it is not listed."""
+    """The price of `model` (its exact name or a dated alias of one), or None when not listed."""
     name = _normalise(model)
-    best: str | None = None
-    for key in _PRICES:
-        if name.startswith(key) and (best is None or len(key) > len(best)):
-            best = key
-    return _PRICES[best] if best is not None else None
+    price = _PRICES.get(name)
+    if price is None:
+        base = _ALIAS_SUFFIX.sub("", name)
+        if base != name:
+            price = _PRICES.get(base)
+    return price
 
 
 def register_price(model: str, price: ModelPrice) -> None:
-    """Add or replace the price of `model` (a name or a name prefix)."""
+    """Add or replace the price of `model` (its dated aliases get it too)."""
     if not isinstance(price, ModelPrice):
         raise TypeError(f"register_price needs a ModelPrice(input=..., output=...), got {price!r}")
     _PRICES[_normalise(model)] = price
 
 
-def cost_usd(usage: Usage, model: str) -> float:
-    """Dollars `usage` costs on `model` (0.0 for models not in the table)."""
+def cost_usd(usage: Usage, model: str) -> float | None:
+    """Dollars `usage` costs on `model`; None when the model has no price (never a silent 0.0)."""
     price = price_for(model)
     if price is None:
-        return 0.0
+        return None
     return (
         usage.input_tokens * price.input
         + usage.output_tokens * price.output
@@ -98,7 +114,18 @@ def cost_usd(usage: Usage, model: str) -> float:
     ) / 1_000_000
 
 
-def with_cost(usage: Usage, model: str) -> Usage:
-    """`usage` with `cost_usd` computed from the price table (unchanged for unknown models)."""
+def with_cost(usage: Usage, model: str, *, warn: bool = True) -> Usage:
+    """`usage` with `cost_usd` from the price table. A model without a price leaves it unchanged
+    and, with `warn`, issues one `UnknownPriceWarning` per model and process."""
     cost = cost_usd(usage, model)
+    if cost is None:
+        if warn and model not in _warned:
+            _warned.add(model)
+            warnings.warn(
+                f"no price for model {model!r}: its cost_usd stays 0.0; add one with "
+                "rollouts.register_price(model, ModelPrice(input=..., output=...)) (dollars per million tokens)",
+                UnknownPriceWarning,
+                stacklevel=2,
+            )
+        return usage
     return replace(usage, cost_usd=cost) if cost else usage

@@ -18,7 +18,7 @@ A provider runs each attempt through `stream_with_retries`::
 which propagate untouched. Build Failures with `failure_from_status` (HTTP status + headers + body)
 and `connection_failure`; `classify_common(exc, provider)` already handles what every provider
 shares (a `ProviderError` raised inside an attempt, `HTTPStatusFailure` raised by our own HTTP
-code, httpx2 transport errors and timeouts), so a provider's classifier only adds its SDK's
+code, httpx2/httpcore2 transport errors and timeouts), so a provider's classifier only adds its SDK's
 exception types and falls back to it.
 
 Policy:
@@ -51,6 +51,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+import httpcore2
 import httpx2
 import trio
 
@@ -211,6 +212,23 @@ def connection_failure(provider: str, exc: BaseException | str) -> Failure:
     )
 
 
+# What the lean transport (httpcore2 directly) raises where httpx2 raises a TransportError of
+# the same name (ConnectError, ReadError, RemoteProtocolError, ReadTimeout, PoolTimeout...).
+_HTTPCORE_ERRORS = (
+    httpcore2.NetworkError,
+    httpcore2.TimeoutException,
+    httpcore2.ProtocolError,
+    httpcore2.UnsupportedProtocol,
+)
+
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    httpx2.TransportError,
+    trio.BrokenResourceError,
+    *_HTTPCORE_ERRORS,
+)
+
+
 class HTTPStatusFailure(Exception):
     """Raised by our own HTTP code for an error response; `classify_common` maps it."""
 
@@ -225,6 +243,9 @@ class IncompleteStreamError(Exception):
     """A stream ended (cleanly, as far as HTTP goes) before the model finished: retried."""
 
 
+_CONNECTION_ERRORS += (IncompleteStreamError,)
+
+
 def classify_common(exc: Exception, provider: str) -> Failure | None:
     """The classification every provider shares (None for exceptions it does not know)."""
     if isinstance(exc, ProviderError):
@@ -233,8 +254,27 @@ def classify_common(exc: Exception, provider: str) -> Failure | None:
         return Failure(exc)
     if isinstance(exc, HTTPStatusFailure):
         return failure_from_status(exc.status, provider=provider, headers=exc.headers, body=exc.body)
-    if isinstance(exc, IncompleteStreamError | httpx2.TransportError | trio.BrokenResourceError):
+    if isinstance(exc, _CONNECTION_ERRORS):
         return connection_failure(provider, exc)
+    return None
+
+
+def classify_sdk_error(exc: Exception, provider: str, sdk: Any, *, status: int | None = None) -> Failure | None:
+    """The error table shared by the `openai` and `anthropic` SDKs (`sdk` is the module; both
+    name their errors alike), after `classify_common`: a status error by its status (`status`
+    overrides it), a connection error or timeout as a dropped connection, any other API error
+    (an error event inside the stream) as retryable."""
+    common = classify_common(exc, provider)
+    if common is not None:
+        return common
+    if isinstance(exc, sdk.APIStatusError):
+        code = exc.status_code if status is None else status
+        return failure_from_status(code, provider=provider, headers=exc.response.headers, body=exc.body)
+    if isinstance(exc, sdk.APIConnectionError):  # includes APITimeoutError
+        cause = exc.__cause__ or exc
+        return connection_failure(provider, cause if isinstance(cause, BaseException) else exc)
+    if isinstance(exc, sdk.APIError):
+        return Failure(ProviderError(f"{provider}: {exc.message}", provider=provider, retryable=True))
     return None
 
 
@@ -255,23 +295,28 @@ async def stream_with_retries(
     on_chunk: OnChunk,
     classify: Callable[[Exception], Failure | None],
     secret: str = "",
+    bounded: bool = True,
 ) -> tuple[T, int]:
     """Run `attempt(on_chunk, attempt_number)` until it succeeds; return (its result, attempts).
 
     See the module docstring for the policy. Raises the classified `ProviderError` (chained to
     the original exception) when retries run out or the failure is not retryable. `secret` (the
     API key in use) is cut out of every error text a server echoed it into, and an original
-    exception that mentions it is not chained, so it reaches no log, sample or report."""
+    exception that mentions it is not chained, so it reaches no log, sample or report.
+    `bounded=False` drops the total deadline (for calls that do no I/O: the scripted model)."""
     policy = current_policy()
     max_attempts = endpoint.max_retries + 1
-    deadline = trio.current_time() + total_deadline(endpoint)
+    deadline = trio.current_time() + total_deadline(endpoint) if bounded else None
     last: Failure | None = None
     last_exc: BaseException | None = None
     n = 0
     for n in range(1, max_attempts + 1):
         try:
-            with trio.fail_after(max(0.0, deadline - trio.current_time())):
+            if deadline is None:
                 return await attempt(on_chunk, n), n
+            with trio.CancelScope(deadline=deadline):  # (a bare scope: cheaper than fail_after)
+                return await attempt(on_chunk, n), n
+            raise trio.TooSlowError  # reached only when the deadline cancelled the attempt
         except trio.TooSlowError as exc:
             last_exc = exc
             last = Failure(
@@ -292,7 +337,7 @@ async def stream_with_retries(
             if not failure.error.retryable or n == max_attempts:
                 break
             delay = policy.delay(n, failure.retry_after)
-            if trio.current_time() + delay >= deadline:
+            if deadline is not None and trio.current_time() + delay >= deadline:
                 break
             await on_chunk(StreamError(str(failure.error), will_retry=True, attempt=n))
             await trio.sleep(delay)

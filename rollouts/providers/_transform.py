@@ -17,6 +17,13 @@ messages in a shape the target accepts:
   a tool call without its result (Anthropic, OpenAI) or a result without its call.
 * **Orphan results.** A tool message whose id matches no call of the assistant message before it
   becomes a user text message quoting the result.
+* **Replies cut short.** An assistant message marked `details["aborted"]` (what had streamed
+  when a run was cancelled) is not sent when it is the last message or is followed by another
+  assistant message (the reply that replaced it on resume): as the last message it would be a
+  *prefill* — Anthropic rejects one with extended thinking on and would otherwise continue it as
+  a second message; OpenAI answers after it; Gemini continues a trailing model turn — so for
+  every provider the model answers afresh. Followed by a user message it stays, as context
+  (the user saw it before writing). The stored trajectory keeps it either way.
 * **Tool-call ids.** Ids the target does not accept (`target.valid_id`) are mapped by a pure
   function of the original id: characters outside `[A-Za-z0-9_-]` become `_` and the id is cut to
   `target.max_id_len` with a hash suffix, so the same original id maps to the same new id in the
@@ -30,8 +37,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from rollouts.dtypes import ContentBlock, Message, TextContent, ThinkingContent, ToolCallContent
 
@@ -114,6 +122,19 @@ def _orphan(message: Message) -> Message:
     return Message("user", f"[Result of tool call {message.tool_call_id}]\n{message.text}", timestamp=message.timestamp)
 
 
+def _without_superseded_partials(messages: tuple[Message, ...]) -> tuple[Message, ...]:
+    """`messages` without aborted assistant messages that are last or followed by an assistant
+    message (see "Replies cut short" in the module docstring)."""
+    kept: list[Message] = []
+    for i, m in enumerate(messages):
+        if m.role == "assistant" and m.details and m.details.get("aborted"):
+            following = messages[i + 1] if i + 1 < len(messages) else None
+            if following is None or following.role == "assistant":
+                continue
+        kept.append(m)
+    return tuple(kept) if len(kept) != len(messages) else messages
+
+
 def transform_history(messages: tuple[Message, ...], target: Target) -> tuple[Message, ...]:
     """`messages` as `target` accepts them (see the module docstring). Returns the same tuple
     when nothing needs to change."""
@@ -129,6 +150,8 @@ def transform_history(messages: tuple[Message, ...], target: Target) -> tuple[Me
         ):
             ids[m.tool_call_id] = map_tool_call_id(m.tool_call_id, target.max_id_len)
 
+    if any(m.details and m.details.get("aborted") for m in messages):
+        messages = _without_superseded_partials(messages)
     out: list[Message] = []
     changed = False
     open_calls: list[ToolCallContent] = []  # calls of the last assistant message still unanswered
@@ -181,3 +204,14 @@ def chat_target(provider: str) -> Target:
         return thinking_origin(block, message) == provider
 
     return Target(provider, native_thinking=native, max_id_len=40)
+
+
+def with_extra_params(
+    body: dict[str, Any], extra_params: Mapping[str, Any] | None, local: frozenset[str]
+) -> dict[str, Any]:
+    """`body` with `Endpoint.extra_params` merged in last, except the keys in `local` (settings
+    rollouts reads itself and never sends)."""
+    for k, v in (extra_params or {}).items():
+        if k not in local:
+            body[k] = v
+    return body

@@ -36,62 +36,34 @@ broken streams (an `error` event in the stream, e.g. `overloaded_error`, counts 
 
 from __future__ import annotations
 
-import inspect
 import json
-import os
-import time
 from collections.abc import AsyncIterator, Hashable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anthropic
 
+from rollouts import events as ev
 from rollouts.dtypes import (
     Actor,
-    Completion,
     Endpoint,
     ImageContent,
     Message,
     TextContent,
     ThinkingContent,
     Tool,
-    ToolCall,
     ToolCallContent,
     Usage,
 )
-from rollouts.errors import AuthenticationError, ConfigurationError, ProviderError
-from rollouts.events import (
-    LLMCallStart,
-    OnChunk,
-    StreamDone,
-    StreamEvent,
-    StreamStart,
-    TextDelta,
-    TextEnd,
-    TextStart,
-    ThinkingDelta,
-    ThinkingEnd,
-    ThinkingSignature,
-    ThinkingStart,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallError,
-    ToolCallStart,
-)
-from rollouts.partial_json import parse_partial_json
-from rollouts.providers._aggregate import MessageBuilder, append_assistant
-from rollouts.providers._pooled import pooled_client
+from rollouts.errors import ConfigurationError
+from rollouts.events import OnChunk
+from rollouts.providers._call import ProviderCall
+from rollouts.providers._clients import shared_ssl_context
+from rollouts.providers._pooled import pooled_client, sdk_arguments
 from rollouts.providers._pricing import with_cost
-from rollouts.providers._retry import (
-    Failure,
-    IncompleteStreamError,
-    classify_common,
-    connection_failure,
-    failure_from_status,
-    stream_with_retries,
-)
-from rollouts.providers._transform import Target, thinking_origin, transform_history
-from rollouts.providers.openai_http import shared_ssl_context
+from rollouts.providers._retry import Failure, IncompleteStreamError, classify_sdk_error
+from rollouts.providers._tool_events import end_tool_call, tool_call_delta
+from rollouts.providers._transform import Target, thinking_origin, transform_history, with_extra_params
 
 PROVIDER = "anthropic"
 _CACHE = {"type": "ephemeral"}
@@ -169,7 +141,7 @@ def _tool_result_block(message: Message) -> dict[str, Any]:
         block["content"] = _user_blocks(message)
     else:
         block["content"] = message.text
-    if (message.details or {}).get("is_error"):
+    if message.is_error:
         block["is_error"] = True
     return block
 
@@ -271,10 +243,7 @@ def build_anthropic_request(actor: Actor) -> dict[str, Any]:
             body["tools"][-1]["cache_control"] = _CACHE
         if messages:
             _mark_cache(messages[-1]["content"])
-    for k, v in params.items():
-        if k not in _LOCAL_PARAMS:
-            body[k] = v
-    return body
+    return with_extra_params(body, ep.extra_params, _LOCAL_PARAMS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,16 +285,17 @@ def _usage_ints(raw: Any) -> dict[str, int]:
 class AnthropicStreamTranslator:
     """Feed raw Messages stream events in order; `finish()` emits StreamDone.
 
-    Raises `IncompleteStreamError` from `finish()` when the stream ended before `message_stop`."""
+    Raises `IncompleteStreamError` from `finish()` when the stream ended before `message_stop`.
+    `model` prices the usage (`finish(model)` may name another)."""
 
-    __slots__ = ("_blocks", "_emit", "_usage", "finish_reason", "got_output", "stopped")
+    __slots__ = ("_blocks", "_emit", "_model", "_usage", "finish_reason", "stopped")
 
-    def __init__(self, emit: OnChunk) -> None:
+    def __init__(self, emit: OnChunk, model: str = "") -> None:
         self._emit = emit
+        self._model = model
         self._blocks: dict[int, _Block] = {}
         self._usage: dict[str, int] = {}
         self.finish_reason: str | None = None
-        self.got_output = False
         self.stopped = False
 
     async def feed(self, event: Any) -> None:
@@ -339,24 +309,18 @@ class AnthropicStreamTranslator:
                 return  # deltas of server-tool blocks (or of a block never started)
             if dkind == "text_delta":
                 block.parts.append(delta.text)
-                await self._emit(TextDelta(index, delta.text))
+                await self._emit(ev.TextDelta(index, delta.text))
             elif dkind == "input_json_delta":
                 piece = delta.partial_json
                 if piece:
                     block.parts.append(piece)
-                    try:
-                        partial = parse_partial_json("".join(block.parts))
-                    except ValueError:
-                        partial = None
-                    await self._emit(
-                        ToolCallDelta(index, block.id, piece, partial if isinstance(partial, dict) else None)
-                    )
+                    await self._emit(tool_call_delta(index, block.id, piece, "".join(block.parts)))
             elif dkind == "thinking_delta":
                 block.parts.append(delta.thinking)
-                await self._emit(ThinkingDelta(index, delta.thinking))
+                await self._emit(ev.ThinkingDelta(index, delta.thinking))
             elif dkind == "signature_delta":
                 block.signature = (block.signature or "") + delta.signature
-                await self._emit(ThinkingSignature(index, block.signature))
+                await self._emit(ev.ThinkingSignature(index, block.signature))
             # citations_delta and unknown deltas carry nothing we keep
         elif kind == "content_block_start":
             await self._start(event.index, event.content_block)
@@ -374,35 +338,34 @@ class AnthropicStreamTranslator:
 
     async def _start(self, index: int, cb: Any) -> None:
         ctype = cb.type
-        self.got_output = True
         if ctype == "text":
             self._blocks[index] = _Block("text")
-            await self._emit(TextStart(index))
+            await self._emit(ev.TextStart(index))
             if cb.text:
                 self._blocks[index].parts.append(cb.text)
-                await self._emit(TextDelta(index, cb.text))
+                await self._emit(ev.TextDelta(index, cb.text))
         elif ctype == "thinking":
             block = _Block("thinking")
             self._blocks[index] = block
-            await self._emit(ThinkingStart(index))
+            await self._emit(ev.ThinkingStart(index))
             if cb.thinking:
                 block.parts.append(cb.thinking)
-                await self._emit(ThinkingDelta(index, cb.thinking))
+                await self._emit(ev.ThinkingDelta(index, cb.thinking))
             if cb.signature:
                 block.signature = cb.signature
         elif ctype == "redacted_thinking":
             block = _Block("redacted")
             block.signature = cb.data  # the opaque data travels in the signature slot until the end
             self._blocks[index] = block
-            await self._emit(ThinkingStart(index, redacted=True))
+            await self._emit(ev.ThinkingStart(index, redacted=True))
         elif ctype == "tool_use":
             self._blocks[index] = _Block("tool", cb.id, cb.name)
-            await self._emit(ToolCallStart(index, cb.id, cb.name))
+            await self._emit(ev.ToolCallStart(index, cb.id, cb.name))
             initial = getattr(cb, "input", None)
             if initial:  # a non-streamed input (not sent by the API today, but valid)
                 raw = json.dumps(initial)
                 self._blocks[index].parts.append(raw)
-                await self._emit(ToolCallDelta(index, cb.id, raw, dict(initial)))
+                await self._emit(ev.ToolCallDelta(index, cb.id, raw, dict(initial)))
         else:
             self._blocks[index] = _Block("ignored")  # server tools and their results
 
@@ -412,48 +375,30 @@ class AnthropicStreamTranslator:
             return
         kind = block.kind
         if kind == "text":
-            await self._emit(TextEnd(index, "".join(block.parts)))
+            await self._emit(ev.TextEnd(index, "".join(block.parts)))
         elif kind == "thinking":
-            await self._emit(ThinkingEnd(index, "".join(block.parts), signature=block.signature))
+            await self._emit(ev.ThinkingEnd(index, "".join(block.parts), signature=block.signature))
         elif kind == "redacted":
-            await self._emit(ThinkingEnd(index, "", redacted=True, data=block.signature))
+            await self._emit(ev.ThinkingEnd(index, "", redacted=True, data=block.signature))
         elif kind == "tool":
-            raw = "".join(block.parts)
-            try:
-                args = json.loads(raw) if raw.strip() else {}
-                if not isinstance(args, dict):
-                    raise ValueError(f"arguments must be a JSON object, got {type(args).__name__}")
-            except ValueError as e:
-                await self._emit(ToolCallError(index, block.id, block.name, f"invalid JSON arguments: {e}", raw))
-            else:
-                await self._emit(ToolCallEnd(index, ToolCall(block.id, block.name, args, raw)))
+            await self._emit(end_tool_call(index, block.id, block.name, "".join(block.parts)))
         block.kind = "done"
 
-    async def finish(self, model: str) -> tuple[str | None, Usage]:
+    async def finish(self, model: str | None = None) -> tuple[str | None, Usage]:
         if not self.stopped:
             raise IncompleteStreamError("the Anthropic stream ended before message_stop")
         for index, block in self._blocks.items():
             if block.kind not in ("done", "ignored"):
                 await self._stop(index)
         reason = _FINISH.get(self.finish_reason, self.finish_reason) if self.finish_reason else None
-        usage = with_cost(Usage(**self._usage), model)
-        await self._emit(StreamDone(reason, usage))
+        usage = with_cost(Usage(**self._usage), model or self._model)
+        await self._emit(ev.StreamDone(reason, usage))
         return reason, usage
 
 
 # ---------------------------------------------------------------------------------------------
 # Client, errors
 # ---------------------------------------------------------------------------------------------
-
-
-def _api_key(endpoint: Endpoint) -> str:
-    key = endpoint.api_key or os.environ.get("ANTHROPIC_API_KEY", "")
-    if not key:
-        raise AuthenticationError(
-            "no Anthropic API key: set the ANTHROPIC_API_KEY environment variable or Endpoint.api_key",
-            provider=endpoint.provider,
-        )
-    return key
 
 
 def api_root(api_base: str) -> str | None:
@@ -479,47 +424,25 @@ def _client_key(endpoint: Endpoint, api_key: str) -> Hashable:
     return ("anthropic-sdk", endpoint.api_base, hash(api_key), endpoint.timeout)
 
 
-_CREATE_PARAMS: frozenset[str] | None = None
-
-
-def _create_params() -> frozenset[str]:
-    global _CREATE_PARAMS
-    if _CREATE_PARAMS is None:
-        sig = inspect.signature(anthropic.resources.messages.AsyncMessages.create)
-        _CREATE_PARAMS = frozenset(p for p in sig.parameters if p not in ("self", "extra_body"))
-    return _CREATE_PARAMS
-
-
 @asynccontextmanager
 async def _open_stream(endpoint: Endpoint, body: dict[str, Any], api_key: str) -> AsyncIterator[Any]:
-    known = _create_params()
-    kwargs = {k: v for k, v in body.items() if k in known}
-    extra = {k: v for k, v in body.items() if k not in known}
     async with pooled_client(_client_key(endpoint, api_key), lambda: _make_client(endpoint, api_key)) as client:
-        stream = await client.messages.create(**kwargs, extra_body=extra or None)
+        create = client.messages.create
+        stream = await create(**sdk_arguments(anthropic.resources.messages.AsyncMessages.create, body))
         async with stream:
             yield stream
 
 
 def classify_anthropic_error(exc: Exception, provider: str) -> Failure | None:
-    """Map anthropic SDK / httpx2 / our own exceptions to a retry decision and a rollouts error."""
-    common = classify_common(exc, provider)
-    if common is not None:
-        return common
-    if isinstance(exc, anthropic.APIStatusError):
-        status = exc.status_code
+    """Map anthropic SDK / httpx2 / our own exceptions to a retry decision and a rollouts error.
+    An `error` event inside a 200 stream counts as the status its type stands for."""
+    status: int | None = None
+    if isinstance(exc, anthropic.APIStatusError) and exc.status_code < 400:
         body = exc.body
-        if status < 400:  # an `error` event inside a 200 stream
-            err = body.get("error") if isinstance(body, dict) else None
-            etype = err.get("type") if isinstance(err, dict) else None
-            status = _STREAM_ERROR_STATUS.get(str(etype), 500)
-        return failure_from_status(status, provider=provider, headers=exc.response.headers, body=body)
-    if isinstance(exc, anthropic.APIConnectionError):  # includes APITimeoutError
-        cause = exc.__cause__ or exc
-        return connection_failure(provider, cause if isinstance(cause, BaseException) else exc)
-    if isinstance(exc, anthropic.APIError):
-        return Failure(ProviderError(f"{provider}: {exc.message}", provider=provider, retryable=True))
-    return None
+        err = body.get("error") if isinstance(body, dict) else None
+        etype = err.get("type") if isinstance(err, dict) else None
+        status = _STREAM_ERROR_STATUS.get(str(etype), 500)
+    return classify_sdk_error(exc, provider, anthropic, status=status)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -527,47 +450,11 @@ def classify_anthropic_error(exc: Exception, provider: str) -> Failure | None:
 # ---------------------------------------------------------------------------------------------
 
 
+CALL = ProviderCall(
+    PROVIDER, build_anthropic_request, _open_stream, AnthropicStreamTranslator, classify_anthropic_error
+)
+
+
 async def stream_anthropic(actor: Actor, on_chunk: OnChunk) -> Actor:
     """Provider `anthropic`: one streamed Messages API call; returns the actor with the reply."""
-    ep = actor.endpoint
-    provider = ep.provider
-    api_key = _api_key(ep)
-    started = time.perf_counter()
-    await on_chunk(LLMCallStart(provider=provider, model=ep.model))
-    body = build_anthropic_request(actor)
-    builder = MessageBuilder(provider, ep.model)
-    first_event_at: float | None = None
-
-    async def emit(event: StreamEvent) -> None:
-        builder.feed(event)
-        await on_chunk(event)
-
-    async def attempt(emit: OnChunk, n: int) -> str | None:
-        nonlocal first_event_at
-        async with _open_stream(ep, body, api_key) as stream:
-            await emit(StreamStart(attempt=n))
-            translator = AnthropicStreamTranslator(emit)
-            async for event in stream:
-                if first_event_at is None:
-                    first_event_at = time.perf_counter()
-                await translator.feed(event)
-            reason, _ = await translator.finish(ep.model)
-            return reason
-
-    def classify(exc: Exception) -> Failure | None:
-        return classify_anthropic_error(exc, provider)
-
-    finish_reason, attempts = await stream_with_retries(
-        attempt, endpoint=ep, on_chunk=emit, classify=classify, secret=api_key
-    )
-    message = builder.finish()
-    completion = Completion(
-        provider=provider,
-        model=ep.model,
-        finish_reason=finish_reason,
-        message_index=len(actor.trajectory.messages),
-        duration_s=time.perf_counter() - started,
-        time_to_first_token_s=(first_event_at - started) if first_event_at is not None else None,
-        attempts=attempts,
-    )
-    return append_assistant(actor, message, completion)
+    return await CALL.run(actor, on_chunk)

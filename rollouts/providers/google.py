@@ -34,12 +34,10 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import time
 import uuid
-from collections.abc import AsyncIterator, Hashable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Hashable
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 import httpx2
@@ -48,48 +46,27 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
+from rollouts import events as ev
 from rollouts.dtypes import (
     Actor,
-    Completion,
     Endpoint,
     ImageContent,
     Message,
     TextContent,
     ThinkingContent,
     Tool,
-    ToolCall,
     ToolCallContent,
     Usage,
 )
-from rollouts.errors import AuthenticationError, ContextTooLongError, ProviderError
-from rollouts.events import (
-    LLMCallStart,
-    OnChunk,
-    StreamDone,
-    StreamEvent,
-    StreamStart,
-    TextDelta,
-    TextEnd,
-    TextStart,
-    ThinkingDelta,
-    ThinkingEnd,
-    ThinkingStart,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallStart,
-)
-from rollouts.providers._aggregate import MessageBuilder, append_assistant
+from rollouts.errors import ContextTooLongError, ProviderError
+from rollouts.events import OnChunk
+from rollouts.providers._call import ProviderCall
+from rollouts.providers._clients import shared_ssl_context
 from rollouts.providers._pooled import pooled_client
 from rollouts.providers._pricing import with_cost
-from rollouts.providers._retry import (
-    Failure,
-    IncompleteStreamError,
-    classify_common,
-    failure_from_status,
-    stream_with_retries,
-)
+from rollouts.providers._retry import Failure, IncompleteStreamError, classify_common, failure_from_status
+from rollouts.providers._tool_events import end_tool_call
 from rollouts.providers._transform import Target, thinking_origin, transform_history
-from rollouts.providers.openai_http import shared_ssl_context
 
 PROVIDER = "google"
 _MAX_CONNECTIONS = 1000
@@ -175,7 +152,7 @@ def google_contents(messages: tuple[Message, ...]) -> tuple[str | None, list[dic
             else:
                 assert m.tool_call_id is not None
                 name = names.get(m.tool_call_id) or str((m.details or {}).get("tool_name") or "tool")
-                key = "error" if (m.details or {}).get("is_error") else "output"
+                key = "error" if m.is_error else "output"
                 role, parts = "user", [{"function_response": {"name": name, "response": {key: m.text}}}]
         if not parts:
             continue
@@ -223,23 +200,25 @@ def build_google_request(actor: Actor) -> dict[str, Any]:
 
 
 class GoogleStreamTranslator:
-    """Feed `GenerateContentResponse` chunks in order; `finish()` emits StreamDone."""
+    """Feed `GenerateContentResponse` chunks in order; `finish()` emits StreamDone (`model`
+    prices the usage; `finish(model)` may name another)."""
 
     __slots__ = (
         "_emit",
         "_kind",
+        "_model",
         "_next",
         "_open",
         "_parts",
         "_signature",
         "finish_reason",
-        "got_output",
         "has_calls",
         "usage_raw",
     )
 
-    def __init__(self, emit: OnChunk) -> None:
+    def __init__(self, emit: OnChunk, model: str = "") -> None:
         self._emit = emit
+        self._model = model
         self._next = 0
         self._open = -1
         self._kind: str | None = None
@@ -247,7 +226,6 @@ class GoogleStreamTranslator:
         self._signature: str | None = None
         self.finish_reason: str | None = None
         self.usage_raw: Any = None
-        self.got_output = False
         self.has_calls = False
 
     async def feed(self, chunk: Any) -> None:
@@ -273,9 +251,9 @@ class GoogleStreamTranslator:
             return
         text = "".join(self._parts)
         if kind == "text":
-            await self._emit(TextEnd(self._open, text))
+            await self._emit(ev.TextEnd(self._open, text))
         else:
-            await self._emit(ThinkingEnd(self._open, text, signature=self._signature))
+            await self._emit(ev.ThinkingEnd(self._open, text, signature=self._signature))
             self._signature = None
         self._kind = None
         self._parts = []
@@ -285,7 +263,7 @@ class GoogleStreamTranslator:
         self._kind = kind
         self._open = self._next
         self._next += 1
-        await self._emit(TextStart(self._open) if kind == "text" else ThinkingStart(self._open))
+        await self._emit(ev.TextStart(self._open) if kind == "text" else ev.ThinkingStart(self._open))
 
     async def _signature_block(self, signature: bytes) -> None:
         """A thought signature that arrived on a non-thought part: a signature-only thinking block
@@ -295,7 +273,6 @@ class GoogleStreamTranslator:
         await self._close()
 
     async def _part(self, part: Any) -> None:
-        self.got_output = True
         signature = part.thought_signature
         fc = part.function_call
         if fc is not None:
@@ -310,7 +287,7 @@ class GoogleStreamTranslator:
                 await self._begin("thinking")
             if text:
                 self._parts.append(text)
-                await self._emit(ThinkingDelta(self._open, text))
+                await self._emit(ev.ThinkingDelta(self._open, text))
             if signature:
                 self._signature = base64.b64encode(signature).decode("ascii")
             return
@@ -323,7 +300,7 @@ class GoogleStreamTranslator:
             if self._kind != "text":
                 await self._begin("text")
             self._parts.append(text)
-            await self._emit(TextDelta(self._open, text))
+            await self._emit(ev.TextDelta(self._open, text))
 
     async def _call(self, fc: Any) -> None:
         self.has_calls = True
@@ -333,18 +310,18 @@ class GoogleStreamTranslator:
         name = fc.name or ""
         args = dict(fc.args or {})
         raw = json.dumps(args)
-        await self._emit(ToolCallStart(index, call_id, name))
-        await self._emit(ToolCallDelta(index, call_id, raw, args))
-        await self._emit(ToolCallEnd(index, ToolCall(call_id, name, args, raw)))
+        await self._emit(ev.ToolCallStart(index, call_id, name))
+        await self._emit(ev.ToolCallDelta(index, call_id, raw, args))
+        await self._emit(end_tool_call(index, call_id, name, raw))
 
-    async def finish(self, model: str) -> tuple[str | None, Usage]:
+    async def finish(self, model: str | None = None) -> tuple[str | None, Usage]:
         if self.finish_reason is None:
             raise IncompleteStreamError("the Gemini stream ended without a finish reason")
         await self._close()
         raw = self.finish_reason
         reason = "tool_use" if self.has_calls and raw == "STOP" else _FINISH.get(raw, raw.lower())
-        usage = usage_from_google(self.usage_raw, model)
-        await self._emit(StreamDone(reason, usage))
+        usage = usage_from_google(self.usage_raw, model or self._model)
+        await self._emit(ev.StreamDone(reason, usage))
         return reason, usage
 
 
@@ -405,26 +382,34 @@ class _GoogleClient:
         await self.http.aclose()
 
 
-def _api_key(endpoint: Endpoint) -> str:
-    key = endpoint.api_key or os.environ.get("GEMINI_API_KEY", "") or os.environ.get("GOOGLE_API_KEY", "")
-    if not key:
-        raise AuthenticationError(
-            "no Google API key: set the GEMINI_API_KEY (or GOOGLE_API_KEY) environment variable or Endpoint.api_key",
-            provider=endpoint.provider,
-        )
-    return key
-
-
 def _client_key(endpoint: Endpoint, api_key: str) -> Hashable:
     return ("google-genai", endpoint.api_base, hash(api_key), endpoint.timeout)
 
 
+async def _first_then_rest(first: Any, rest: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
+    if first is not _EMPTY:
+        yield first
+    async for chunk in rest:
+        yield chunk
+
+
+_EMPTY = object()
+
+
 @asynccontextmanager
 async def _open_stream(endpoint: Endpoint, request: dict[str, Any], api_key: str) -> AsyncIterator[Any]:
+    """The response chunks. The SDK sends the request only when its generator is first read, so
+    the first chunk is read here: an error status is raised before the stream counts as open
+    (no `StreamStart` for a failed attempt, as with every other provider)."""
     async with pooled_client(_client_key(endpoint, api_key), lambda: _GoogleClient(endpoint, api_key)) as gc:
         stream = await gc.client.aio.models.generate_content_stream(**request)
         try:
-            yield stream
+            try:
+                first = await stream.__anext__()
+            except StopAsyncIteration:
+                first = _EMPTY
+            async with aclosing(_first_then_rest(first, stream)) as chunks:
+                yield chunks
         finally:
             # The SDK's generator holds the response: closing it releases the connection now
             # rather than at garbage collection (after a cancellation too).
@@ -459,47 +444,9 @@ def classify_google_error(exc: Exception, provider: str) -> Failure | None:
 # ---------------------------------------------------------------------------------------------
 
 
+CALL = ProviderCall(PROVIDER, build_google_request, _open_stream, GoogleStreamTranslator, classify_google_error)
+
+
 async def stream_google(actor: Actor, on_chunk: OnChunk) -> Actor:
     """Provider `google`: one streamed `generateContent` call; returns the actor with the reply."""
-    ep = actor.endpoint
-    provider = ep.provider
-    api_key = _api_key(ep)
-    started = time.perf_counter()
-    await on_chunk(LLMCallStart(provider=provider, model=ep.model))
-    request = build_google_request(actor)
-    builder = MessageBuilder(provider, ep.model)
-    first_chunk_at: float | None = None
-
-    async def emit(event: StreamEvent) -> None:
-        builder.feed(event)
-        await on_chunk(event)
-
-    async def attempt(emit: OnChunk, n: int) -> str | None:
-        nonlocal first_chunk_at
-        async with _open_stream(ep, request, api_key) as stream:
-            await emit(StreamStart(attempt=n))
-            translator = GoogleStreamTranslator(emit)
-            async for chunk in stream:
-                if first_chunk_at is None:
-                    first_chunk_at = time.perf_counter()
-                await translator.feed(chunk)
-            reason, _ = await translator.finish(ep.model)
-            return reason
-
-    def classify(exc: Exception) -> Failure | None:
-        return classify_google_error(exc, provider)
-
-    finish_reason, attempts = await stream_with_retries(
-        attempt, endpoint=ep, on_chunk=emit, classify=classify, secret=api_key
-    )
-    message = builder.finish()
-    completion = Completion(
-        provider=provider,
-        model=ep.model,
-        finish_reason=finish_reason,
-        message_index=len(actor.trajectory.messages),
-        duration_s=time.perf_counter() - started,
-        time_to_first_token_s=(first_chunk_at - started) if first_chunk_at is not None else None,
-        attempts=attempts,
-    )
-    return append_assistant(actor, message, completion)
+    return await CALL.run(actor, on_chunk)

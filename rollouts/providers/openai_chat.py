@@ -21,8 +21,10 @@ Provider names:
 Connections are kept alive and reused except for llama.cpp servers (see
 `openai_http.keeps_connections_alive`; `extra_params={"keepalive": False}` for any other).
 
-`Endpoint.transport="http"` uses the lean `openai_http` transport instead of the SDK: same
-request, same events, same Message and Usage, same retries, less client CPU.
+Transport (`uses_lean_transport`): self-hosted servers (`openai-compatible` and its aliases,
+`local`) go through the lean `openai_http` transport by default (`Endpoint.transport="auto"`),
+`openai` through the SDK; `transport="sdk"` or `"http"` chooses either. Same request, same
+events, same Message and Usage, same retries and errors; the lean one costs less client CPU.
 
 The SDK's own retries are off (`max_retries=0`); `_retry.stream_with_retries` retries instead,
 so a stream broken after output is retried with `StreamError(will_retry=True)` first.
@@ -30,9 +32,7 @@ so a stream broken after output is retried with `StreamError(will_retry=True)` f
 
 from __future__ import annotations
 
-import os
 import re
-import time
 from collections.abc import AsyncIterator, Hashable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -42,21 +42,16 @@ import httpx2
 import openai
 import trio
 
-from rollouts.dtypes import Actor, Completion, Endpoint
-from rollouts.errors import AuthenticationError, ConfigurationError, ProviderError
-from rollouts.events import LLMCallStart, OnChunk, StreamEvent, StreamStart
+from rollouts.dtypes import Actor, Endpoint, Message
+from rollouts.errors import ConfigurationError
+from rollouts.events import OnChunk
 from rollouts.providers import ProviderFn, get_provider_function
-from rollouts.providers._aggregate import MessageBuilder, append_assistant
+from rollouts.providers._call import run_call
 from rollouts.providers._chat_format import ChatStreamTranslator, build_chat_request
-from rollouts.providers._clients import current_pool
-from rollouts.providers._retry import (
-    Failure,
-    classify_common,
-    connection_failure,
-    failure_from_status,
-    stream_with_retries,
-)
-from rollouts.providers.openai_http import keeps_connections_alive, shared_ssl_context
+from rollouts.providers._clients import current_pool, shared_ssl_context
+from rollouts.providers._retry import Failure, classify_sdk_error
+from rollouts.providers.keys import api_key_for
+from rollouts.providers.openai_http import keeps_connections_alive
 
 _RESPONSES_ONLY = re.compile(r"^(?:o\d+-pro|gpt-5(?:\.\d+)?-pro|gpt-5(?:\.\d+)?-codex|codex-|computer-use)")
 _CREATE_PARAMS = frozenset(
@@ -77,17 +72,9 @@ _CREATE_PARAMS = frozenset(
 
 
 def _api_key(endpoint: Endpoint, compat: bool) -> str:
-    if endpoint.api_key:
+    if compat:  # only ever the endpoint's own key: an OpenAI key must not reach another server
         return endpoint.api_key
-    if compat:
-        return ""
-    key = os.environ.get("OPENAI_API_KEY", "")
-    if not key:
-        raise AuthenticationError(
-            "no OpenAI API key: set the OPENAI_API_KEY environment variable or Endpoint.api_key",
-            provider=endpoint.provider,
-        )
-    return key
+    return api_key_for(endpoint, "openai")
 
 
 def _sdk_client_key(endpoint: Endpoint, api_key: str) -> Hashable:
@@ -146,17 +133,7 @@ async def _open_sdk_stream(endpoint: Endpoint, body: dict[str, Any], api_key: st
 
 def classify_openai_error(exc: Exception, provider: str) -> Failure | None:
     """Map openai SDK / httpx2 / our own exceptions to a retry decision and a rollouts error."""
-    common = classify_common(exc, provider)
-    if common is not None:
-        return common
-    if isinstance(exc, openai.APIStatusError):
-        return failure_from_status(exc.status_code, provider=provider, headers=exc.response.headers, body=exc.body)
-    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
-        cause = exc.__cause__ or exc
-        return connection_failure(provider, cause if isinstance(cause, BaseException) else exc)
-    if isinstance(exc, openai.APIError):  # an error event inside the stream
-        return Failure(ProviderError(f"{provider}: {exc.message}", provider=provider, retryable=True))
-    return None
+    return classify_sdk_error(exc, provider, openai)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,67 +141,45 @@ def classify_openai_error(exc: Exception, provider: str) -> Failure | None:
 # ---------------------------------------------------------------------------------------------
 
 
+def _mark_unreported_usage(message: Message, translator: ChatStreamTranslator) -> Message:
+    if translator.usage_raw is not None:
+        return message
+    return replace(message, details={**(message.details or {}), "usage_reported": False})
+
+
 async def _stream_chat(actor: Actor, on_chunk: OnChunk, *, compat: bool) -> Actor:
     ep = actor.endpoint
-    provider = ep.provider
     if compat and not ep.api_base:
         raise ConfigurationError(
-            f"provider {provider!r} needs Endpoint.api_base, the server's OpenAI-compatible URL "
+            f"provider {ep.provider!r} needs Endpoint.api_base, the server's OpenAI-compatible URL "
             "(e.g. 'http://localhost:8000/v1')"
         )
     api_key = _api_key(ep, compat)
-    started = time.perf_counter()
-    await on_chunk(LLMCallStart(provider=provider, model=ep.model))
-    body = build_chat_request(actor, compat=compat)
     text_tools = frozenset(t.name for t in actor.tools) if compat and actor.tools else None
-    text_tool_limit = 1 if body.get("parallel_tool_calls") is False else None
-    if ep.transport == "http":
+    if uses_lean_transport(ep, compat=compat):
         from rollouts.providers.openai_http import open_chat_stream as open_stream
     else:
         open_stream = _open_sdk_stream
+    text_tool_limit: int | None = None
 
-    builder = MessageBuilder(provider, ep.model)
-    first_chunk_at: float | None = None
-    usage_reported = True
+    def build() -> dict[str, Any]:
+        nonlocal text_tool_limit
+        body = build_chat_request(actor, compat=compat)
+        text_tool_limit = 1 if body.get("parallel_tool_calls") is False else None
+        return body
 
-    async def emit(event: StreamEvent) -> None:
-        builder.feed(event)
-        await on_chunk(event)
-
-    async def attempt(emit: OnChunk, n: int) -> str | None:
-        nonlocal first_chunk_at, usage_reported
-        async with open_stream(ep, body, api_key) as chunks:
-            await emit(StreamStart(attempt=n))
-            translator = ChatStreamTranslator(
-                emit, text_tool_names=text_tools, text_tool_limit=text_tool_limit, model=ep.model
-            )
-            async for chunk in chunks:
-                if first_chunk_at is None:
-                    first_chunk_at = time.perf_counter()
-                await translator.feed(chunk)
-            reason, _ = await translator.finish()
-            usage_reported = translator.usage_raw is not None
-            return reason
-
-    def classify(exc: Exception) -> Failure | None:
-        return classify_openai_error(exc, provider)
-
-    finish_reason, attempts = await stream_with_retries(
-        attempt, endpoint=ep, on_chunk=emit, classify=classify, secret=api_key
+    return await run_call(
+        actor,
+        on_chunk,
+        build=build,
+        open_stream=lambda body: open_stream(ep, body, api_key),
+        translator=lambda emit: ChatStreamTranslator(
+            emit, text_tool_names=text_tools, text_tool_limit=text_tool_limit, model=ep.model, price_expected=not compat
+        ),
+        classify=lambda exc: classify_openai_error(exc, ep.provider),
+        secret=api_key,
+        finish_message=_mark_unreported_usage,
     )
-    message = builder.finish()
-    if not usage_reported:
-        message = replace(message, details={**(message.details or {}), "usage_reported": False})
-    completion = Completion(
-        provider=provider,
-        model=ep.model,
-        finish_reason=finish_reason,
-        message_index=len(actor.trajectory.messages),
-        duration_s=time.perf_counter() - started,
-        time_to_first_token_s=(first_chunk_at - started) if first_chunk_at is not None else None,
-        attempts=attempts,
-    )
-    return append_assistant(actor, message, completion)
 
 
 async def stream_openai_chat(actor: Actor, on_chunk: OnChunk) -> Actor:
@@ -235,6 +190,16 @@ async def stream_openai_chat(actor: Actor, on_chunk: OnChunk) -> Actor:
 async def stream_openai_compatible(actor: Actor, on_chunk: OnChunk) -> Actor:
     """Any OpenAI-compatible server at `Endpoint.api_base` (provider `openai-compatible`)."""
     return await _stream_chat(actor, on_chunk, compat=True)
+
+
+def uses_lean_transport(endpoint: Endpoint, *, compat: bool) -> bool:
+    """Whether a chat call goes through the lean `openai_http` transport: `transport="http"`,
+    or the default `"auto"` for a self-hosted server (`compat`). The two transports give the
+    same events, Message, Usage, retries and errors (the parity tests run both); the lean one
+    costs a fraction of the SDK's client CPU (see benchmarks/evaluate.py)."""
+    if endpoint.transport == "auto":
+        return compat
+    return endpoint.transport == "http"
 
 
 def uses_responses_api(endpoint: Endpoint) -> bool:

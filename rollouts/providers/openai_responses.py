@@ -28,49 +28,31 @@ reasoning (`reasoning_tokens`), `cost_usd` from `_pricing`.
 from __future__ import annotations
 
 import json
-import os
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from rollouts import events as ev
 from rollouts.dtypes import (
     Actor,
-    Completion,
     Endpoint,
     ImageContent,
     Message,
     TextContent,
     ThinkingContent,
     Tool,
-    ToolCall,
     ToolCallContent,
     Usage,
 )
-from rollouts.errors import AuthenticationError, ContextTooLongError, ProviderError
-from rollouts.events import (
-    LLMCallStart,
-    OnChunk,
-    StreamDone,
-    StreamEvent,
-    StreamStart,
-    TextDelta,
-    TextEnd,
-    TextStart,
-    ThinkingDelta,
-    ThinkingEnd,
-    ThinkingStart,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallError,
-    ToolCallStart,
-)
-from rollouts.partial_json import parse_partial_json
-from rollouts.providers._aggregate import MessageBuilder, append_assistant
-from rollouts.providers._chat_format import is_reasoning_model
+from rollouts.errors import ContextTooLongError, ProviderError
+from rollouts.events import OnChunk
+from rollouts.providers._call import ProviderCall
+from rollouts.providers._chat_format import is_reasoning_model, reasoning_effort
+from rollouts.providers._pooled import sdk_arguments
 from rollouts.providers._pricing import with_cost
-from rollouts.providers._retry import Failure, IncompleteStreamError, is_context_too_long, stream_with_retries
-from rollouts.providers._transform import Target, thinking_origin, transform_history
+from rollouts.providers._retry import Failure, IncompleteStreamError, is_context_too_long
+from rollouts.providers._tool_events import end_tool_call, tool_call_delta
+from rollouts.providers._transform import Target, thinking_origin, transform_history, with_extra_params
 from rollouts.providers.openai_chat import classify_openai_error, sdk_client
 
 _ORIGINS = frozenset({"openai", "openai-responses"})
@@ -201,19 +183,6 @@ def responses_tools(tools: tuple[Tool, ...]) -> list[dict[str, Any]]:
     ]
 
 
-def _effort(endpoint: Endpoint) -> str:
-    params = endpoint.extra_params or {}
-    if "reasoning_effort" in params:
-        return str(params["reasoning_effort"])
-    thinking = endpoint.thinking or {}
-    if thinking.get("effort"):
-        return str(thinking["effort"])
-    budget = thinking.get("budget_tokens")
-    if isinstance(budget, int | float):
-        return "low" if budget < 2048 else "medium" if budget < 8192 else "high"
-    return "medium"
-
-
 def build_responses_request(actor: Actor) -> dict[str, Any]:
     """The keyword arguments of `responses.create(stream=True)` for `actor`."""
     ep = actor.endpoint
@@ -231,14 +200,11 @@ def build_responses_request(actor: Actor) -> dict[str, Any]:
         body["tools"] = responses_tools(actor.tools)
     if is_reasoning_model(ep.model) or ep.thinking:
         summary = (ep.extra_params or {}).get("reasoning_summary", "auto")
-        body["reasoning"] = {"effort": _effort(ep), "summary": summary}
+        body["reasoning"] = {"effort": reasoning_effort(ep) or "medium", "summary": summary}
         body["include"] = ["reasoning.encrypted_content"]
     elif ep.temperature is not None:
         body["temperature"] = ep.temperature
-    for k, v in (ep.extra_params or {}).items():
-        if k not in _LOCAL_PARAMS:
-            body[k] = v
-    return body
+    return with_extra_params(body, ep.extra_params, _LOCAL_PARAMS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,17 +251,18 @@ def usage_from_responses(raw: Any, model: str) -> Usage:
 
 
 class ResponsesStreamTranslator:
-    """Feed Responses stream events in order; `finish()` emits StreamDone."""
+    """Feed Responses stream events in order; `finish()` emits StreamDone (`model` prices the
+    usage; `finish(model)` may name another)."""
 
-    __slots__ = ("_emit", "_items", "_summary_index", "done", "finish_reason", "got_output", "has_calls", "usage_raw")
+    __slots__ = ("_emit", "_items", "_model", "_summary_index", "done", "finish_reason", "has_calls", "usage_raw")
 
-    def __init__(self, emit: OnChunk) -> None:
+    def __init__(self, emit: OnChunk, model: str = "") -> None:
         self._emit = emit
+        self._model = model
         self._items: dict[int, _Item] = {}
         self._summary_index: dict[int, int] = {}
         self.finish_reason: str | None = None
         self.usage_raw: Any = None
-        self.got_output = False
         self.has_calls = False
         self.done = False
 
@@ -304,18 +271,12 @@ class ResponsesStreamTranslator:
         if kind == "response.output_text.delta" or kind == "response.refusal.delta":
             index = event.output_index
             self._items[index].parts.append(event.delta)
-            await self._emit(TextDelta(index, event.delta))
+            await self._emit(ev.TextDelta(index, event.delta))
         elif kind == "response.function_call_arguments.delta":
             index = event.output_index
             item = self._items[index]
             item.parts.append(event.delta)
-            try:
-                partial = parse_partial_json("".join(item.parts))
-            except ValueError:
-                partial = None
-            await self._emit(
-                ToolCallDelta(index, self._call_id(item), event.delta, partial if isinstance(partial, dict) else None)
-            )
+            await self._emit(tool_call_delta(index, self._call_id(item), event.delta, "".join(item.parts)))
         elif kind == "response.reasoning_summary_text.delta":
             index = event.output_index
             item = self._items[index]
@@ -325,7 +286,7 @@ class ResponsesStreamTranslator:
                 piece = "\n\n" + piece  # summary parts are separate paragraphs
             self._summary_index[index] = event.summary_index
             item.parts.append(piece)
-            await self._emit(ThinkingDelta(index, piece))
+            await self._emit(ev.ThinkingDelta(index, piece))
         elif kind == "response.output_item.added":
             await self._added(event.output_index, event.item)
         elif kind == "response.output_item.done":
@@ -351,18 +312,17 @@ class ResponsesStreamTranslator:
 
     async def _added(self, index: int, raw: Any) -> None:
         itype = raw.type
-        self.got_output = True
         if itype == "message":
             self._items[index] = _Item("text", raw.id)
-            await self._emit(TextStart(index))
+            await self._emit(ev.TextStart(index))
         elif itype == "reasoning":
             self._items[index] = _Item("thinking", raw.id)
-            await self._emit(ThinkingStart(index))
+            await self._emit(ev.ThinkingStart(index))
         elif itype == "function_call":
             item = _Item("tool", raw.id or "", raw.call_id, raw.name)
             self._items[index] = item
             self.has_calls = True
-            await self._emit(ToolCallStart(index, self._call_id(item), item.name))
+            await self._emit(ev.ToolCallStart(index, self._call_id(item), item.name))
         else:
             self._items[index] = _Item("ignored", getattr(raw, "id", "") or "")
 
@@ -372,33 +332,25 @@ class ResponsesStreamTranslator:
             return
         kind, item.kind = item.kind, "done"
         if kind == "text":
-            await self._emit(TextEnd(index, "".join(item.parts)))
+            await self._emit(ev.TextEnd(index, "".join(item.parts)))
         elif kind == "thinking":
             signature = json.dumps(
                 {"id": raw.id, "encrypted_content": getattr(raw, "encrypted_content", None)}, separators=(",", ":")
             )
-            await self._emit(ThinkingEnd(index, "".join(item.parts), signature=signature))
+            await self._emit(ev.ThinkingEnd(index, "".join(item.parts), signature=signature))
         elif kind == "tool":
             raw_args = "".join(item.parts) or (getattr(raw, "arguments", "") or "")
-            call_id = self._call_id(item)
-            try:
-                args = json.loads(raw_args) if raw_args.strip() else {}
-                if not isinstance(args, dict):
-                    raise ValueError(f"arguments must be a JSON object, got {type(args).__name__}")
-            except ValueError as e:
-                await self._emit(ToolCallError(index, call_id, item.name, f"invalid JSON arguments: {e}", raw_args))
-            else:
-                await self._emit(ToolCallEnd(index, ToolCall(call_id, item.name, args, raw_args)))
+            await self._emit(end_tool_call(index, self._call_id(item), item.name, raw_args))
 
-    async def finish(self, model: str) -> tuple[str | None, Usage]:
+    async def finish(self, model: str | None = None) -> tuple[str | None, Usage]:
         if not self.done:
             raise IncompleteStreamError("the Responses stream ended before response.completed")
         for index, item in list(self._items.items()):
             if item.kind not in ("done", "ignored"):
                 await self._done(index, _Item(item.kind, item.id))
         reason = self.finish_reason or ("tool_use" if self.has_calls else "stop")
-        usage = usage_from_responses(self.usage_raw, model)
-        await self._emit(StreamDone(reason, usage))
+        usage = usage_from_responses(self.usage_raw, model or self._model)
+        await self._emit(ev.StreamDone(reason, usage))
         return reason, usage
 
 
@@ -407,38 +359,12 @@ class ResponsesStreamTranslator:
 # ---------------------------------------------------------------------------------------------
 
 
-def _api_key(endpoint: Endpoint) -> str:
-    key = endpoint.api_key or os.environ.get("OPENAI_API_KEY", "")
-    if not key:
-        raise AuthenticationError(
-            "no OpenAI API key: set the OPENAI_API_KEY environment variable or Endpoint.api_key",
-            provider=endpoint.provider,
-        )
-    return key
-
-
-_CREATE_PARAMS: frozenset[str] | None = None
-
-
-def _create_params() -> frozenset[str]:
-    global _CREATE_PARAMS
-    if _CREATE_PARAMS is None:
-        import inspect
-
-        from openai.resources.responses import AsyncResponses
-
-        sig = inspect.signature(AsyncResponses.create)
-        _CREATE_PARAMS = frozenset(p for p in sig.parameters if p not in ("self", "extra_body"))
-    return _CREATE_PARAMS
-
-
 @asynccontextmanager
 async def _open_stream(endpoint: Endpoint, body: dict[str, Any], api_key: str) -> AsyncIterator[Any]:
-    known = _create_params()
-    kwargs = {k: v for k, v in body.items() if k in known}
-    extra = {k: v for k, v in body.items() if k not in known}
+    from openai.resources.responses import AsyncResponses
+
     async with sdk_client(endpoint, api_key) as client:
-        stream = await client.responses.create(**kwargs, extra_body=extra or None)
+        stream = await client.responses.create(**sdk_arguments(AsyncResponses.create, body))
         async with stream:
             yield stream
 
@@ -453,47 +379,11 @@ def classify_responses_error(exc: Exception, provider: str) -> Failure | None:
     return classify_openai_error(exc, provider)
 
 
+CALL = ProviderCall(
+    "openai-responses", build_responses_request, _open_stream, ResponsesStreamTranslator, classify_responses_error
+)
+
+
 async def stream_openai_responses(actor: Actor, on_chunk: OnChunk) -> Actor:
     """Provider `openai-responses`: one streamed Responses API call."""
-    ep = actor.endpoint
-    provider = ep.provider
-    api_key = _api_key(ep)
-    started = time.perf_counter()
-    await on_chunk(LLMCallStart(provider=provider, model=ep.model))
-    body = build_responses_request(actor)
-    builder = MessageBuilder(provider, ep.model)
-    first_event_at: float | None = None
-
-    async def emit(event: StreamEvent) -> None:
-        builder.feed(event)
-        await on_chunk(event)
-
-    async def attempt(emit: OnChunk, n: int) -> str | None:
-        nonlocal first_event_at
-        async with _open_stream(ep, body, api_key) as stream:
-            await emit(StreamStart(attempt=n))
-            translator = ResponsesStreamTranslator(emit)
-            async for event in stream:
-                if first_event_at is None:
-                    first_event_at = time.perf_counter()
-                await translator.feed(event)
-            reason, _ = await translator.finish(ep.model)
-            return reason
-
-    def classify(exc: Exception) -> Failure | None:
-        return classify_responses_error(exc, provider)
-
-    finish_reason, attempts = await stream_with_retries(
-        attempt, endpoint=ep, on_chunk=emit, classify=classify, secret=api_key
-    )
-    message = builder.finish()
-    completion = Completion(
-        provider=provider,
-        model=ep.model,
-        finish_reason=finish_reason,
-        message_index=len(actor.trajectory.messages),
-        duration_s=time.perf_counter() - started,
-        time_to_first_token_s=(first_event_at - started) if first_event_at is not None else None,
-        attempts=attempts,
-    )
-    return append_assistant(actor, message, completion)
+    return await CALL.run(actor, on_chunk)

@@ -9,7 +9,15 @@ async: `ScriptedModel(lambda req: f"Answer: {req.last_user_text}")`. A reply is 
 
 Each call emits LLMCallStart, StreamStart, thinking/text blocks in several deltas, tool calls with
 argument deltas and partial parses, then StreamDone with usage — the same sequence the real
-providers emit — and goes through the shared aggregator, so tests exercise the real code path.
+providers emit — and runs through the same call skeleton (`_call.run_call`: retry loop,
+aggregation, Completion) as the real providers, so tests exercise the real code path. An
+exception in the script stands for the provider's final error (after its retries): it is
+raised as it is, never retried.
+
+Tool calls without an id get `call_<turn>_<n>`: `<turn>` counts the assistant messages of the
+conversation (this reply's included) and `<n>` the call within the reply, so ids are
+deterministic and unique within a conversation, also when a saved session is continued by
+another process (whose model has made no calls yet).
 """
 
 from __future__ import annotations
@@ -17,33 +25,18 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import trio
 
-from rollouts.dtypes import Actor, Completion, Endpoint, Message, Tool, ToolCall, Usage
+from rollouts import events as ev
+from rollouts.dtypes import Actor, Endpoint, Message, Tool, Usage
 from rollouts.errors import RolloutsError
-from rollouts.events import (
-    LLMCallStart,
-    OnChunk,
-    StreamDone,
-    StreamStart,
-    TextDelta,
-    TextEnd,
-    TextStart,
-    ThinkingDelta,
-    ThinkingEnd,
-    ThinkingStart,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallError,
-    ToolCallStart,
-)
-from rollouts.partial_json import parse_partial_json
-from rollouts.providers._aggregate import MessageBuilder, append_assistant
+from rollouts.events import OnChunk, StreamEvent
+from rollouts.providers._call import run_call
+from rollouts.providers._tool_events import end_tool_call, tool_call_delta
 
 
 @dataclass(frozen=True)
@@ -137,7 +130,19 @@ class ScriptedModel:
             self._replies = tuple(replies)
         self.calls = 0
         self.last_request: ScriptedRequest | None = None
+        # (messages seen, the last of them, how many were assistant messages): a conversation
+        # that grows by a turn is counted from where it was, not from the start
+        self._seen: tuple[int, Message | None, int] = (0, None, 0)
         _MODELS[self.name] = self
+
+    def _assistant_messages(self, messages: tuple[Message, ...]) -> int:
+        seen, last, count = self._seen
+        if 0 < seen <= len(messages) and messages[seen - 1] is last:
+            count += sum(1 for i in range(seen, len(messages)) if messages[i].role == "assistant")
+        else:
+            count = sum(1 for m in messages if m.role == "assistant")
+        self._seen = (len(messages), messages[-1] if messages else None, count)
+        return count
 
     @property
     def endpoint(self) -> Endpoint:
@@ -191,73 +196,124 @@ def _estimate_usage(messages: tuple[Message, ...], reply: ScriptedReply) -> Usag
     return Usage(input_tokens=max(1, n_in // 4), output_tokens=max(1, n_out // 4))
 
 
+def reply_events(reply: ScriptedReply, chunk_size: int, signature: str, turn: int) -> list[StreamEvent]:
+    """The events of one reply, from the first block's start to the last block's end."""
+    events: list[StreamEvent] = []
+    idx = 0
+    if reply.thinking:
+        events.append(ev.ThinkingStart(idx))
+        events += [ev.ThinkingDelta(idx, piece) for piece in _chunks(reply.thinking, chunk_size)]
+        events.append(ev.ThinkingEnd(idx, reply.thinking, signature=signature))
+        idx += 1
+    if reply.text:
+        events.append(ev.TextStart(idx))
+        events += [ev.TextDelta(idx, piece) for piece in _chunks(reply.text, chunk_size)]
+        events.append(ev.TextEnd(idx, reply.text))
+        idx += 1
+    for n, tc in enumerate(reply.tool_calls):
+        call_id = tc.id or f"call_{turn}_{n}"
+        raw = tc.arguments if isinstance(tc.arguments, str) else json.dumps(tc.arguments)
+        events.append(ev.ToolCallStart(idx, call_id, tc.name))
+        buf = ""
+        for piece in _chunks(raw, chunk_size):
+            buf += piece
+            events.append(tool_call_delta(idx, call_id, piece, buf))
+        events.append(end_tool_call(idx, call_id, tc.name, raw))
+        idx += 1
+    return events
+
+
+class _ScriptedStream:
+    """One call's raw stream: a single item, the reply, made when the stream opens (after the
+    model's latency). Its own context manager and iterator: no generator per call."""
+
+    __slots__ = ("_model", "_pending", "_request")
+
+    def __init__(self, model: ScriptedModel, request: ScriptedRequest) -> None:
+        self._model = model
+        self._request = request
+        self._pending: ScriptedReply | None = None
+
+    async def __aenter__(self) -> _ScriptedStream:
+        model = self._model
+        if model.latency_s > 0:
+            await trio.sleep(model.latency_s)
+        self._pending = await model._reply(self._request)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+    def __aiter__(self) -> _ScriptedStream:
+        return self
+
+    async def __anext__(self) -> ScriptedReply:
+        reply, self._pending = self._pending, None
+        if reply is None:
+            raise StopAsyncIteration
+        return reply
+
+
+class _ScriptedTranslator:
+    """Streams a reply's events (`reply_events`, pausing `chunk_delay_s` after each delta);
+    `finish()` emits StreamDone with the reply's usage (else an estimate)."""
+
+    __slots__ = ("_emit", "_messages", "_model", "_reply", "_turn")
+
+    def __init__(self, emit: OnChunk, model: ScriptedModel, messages: tuple[Message, ...], turn: int) -> None:
+        self._emit = emit
+        self._model = model
+        self._messages = messages
+        self._turn = turn
+        self._reply: ScriptedReply | None = None
+
+    async def feed(self, reply: ScriptedReply) -> None:
+        self._reply = reply
+        model = self._model
+        emit, delay = self._emit, model.chunk_delay_s
+        for event in reply_events(reply, model.chunk_size, f"sig-{model.name}", self._turn):
+            await emit(event)
+            if delay and isinstance(event, ev.TextDelta | ev.ThinkingDelta | ev.ToolCallDelta):
+                await trio.sleep(delay)
+
+    async def finish(self) -> tuple[str | None, Usage]:
+        reply = self._reply
+        assert reply is not None
+        finish = reply.finish_reason or ("tool_use" if reply.tool_calls else "stop")
+        usage = reply.usage or _estimate_usage(self._messages, reply)
+        await self._emit(ev.StreamDone(finish, usage))
+        return finish, usage
+
+
 async def stream_scripted(actor: Actor, on_chunk: OnChunk) -> Actor:
     """The provider function for `provider="scripted"`."""
     model = get_scripted_model(actor.endpoint.model)
     messages = actor.trajectory.messages
-    started = time.perf_counter()
-    await on_chunk(LLMCallStart(provider="scripted", model=model.name))
-    request = ScriptedRequest(messages, actor.tools, actor.endpoint, model.calls)
-    model.calls += 1
-    model.last_request = request
-    if model.latency_s > 0:
-        await trio.sleep(model.latency_s)
-    reply = await model._reply(request)
+    turn = 1 + model._assistant_messages(messages)
 
-    builder = MessageBuilder("scripted", model.name)
+    def build() -> _ScriptedStream:
+        request = ScriptedRequest(messages, actor.tools, actor.endpoint, model.calls)
+        model.calls += 1
+        model.last_request = request
+        return _ScriptedStream(model, request)
 
-    async def emit(event: Any) -> None:
-        builder.feed(event)
-        await on_chunk(event)
-        if model.chunk_delay_s > 0 and isinstance(event, TextDelta | ThinkingDelta | ToolCallDelta):
-            await trio.sleep(model.chunk_delay_s)
-
-    await emit(StreamStart())
-    ttft = time.perf_counter() - started
-    idx = 0
-    size = model.chunk_size
-    if reply.thinking:
-        await emit(ThinkingStart(idx))
-        for piece in _chunks(reply.thinking, size):
-            await emit(ThinkingDelta(idx, piece))
-        await emit(ThinkingEnd(idx, reply.thinking, signature=f"sig-{model.name}"))
-        idx += 1
-    if reply.text:
-        await emit(TextStart(idx))
-        for piece in _chunks(reply.text, size):
-            await emit(TextDelta(idx, piece))
-        await emit(TextEnd(idx, reply.text))
-        idx += 1
-    for n, tc in enumerate(reply.tool_calls):
-        call_id = tc.id or f"call_{model.calls}_{n}"
-        raw = tc.arguments if isinstance(tc.arguments, str) else json.dumps(tc.arguments)
-        await emit(ToolCallStart(idx, call_id, tc.name))
-        buf = ""
-        for piece in _chunks(raw, size):
-            buf += piece
-            try:
-                partial = parse_partial_json(buf)
-            except ValueError:
-                partial = None
-            await emit(ToolCallDelta(idx, call_id, piece, partial if isinstance(partial, dict) else None))
-        try:
-            args = json.loads(raw) if raw.strip() else {}
-            if not isinstance(args, dict):
-                raise ValueError(f"arguments must be a JSON object, got {type(args).__name__}")
-        except ValueError as e:
-            await emit(ToolCallError(idx, call_id, tc.name, f"invalid JSON arguments: {e}", raw))
-        else:
-            await emit(ToolCallEnd(idx, ToolCall(call_id, tc.name, args, raw)))
-        idx += 1
-    finish = reply.finish_reason or ("tool_use" if reply.tool_calls else "stop")
-    await emit(StreamDone(finish, reply.usage or _estimate_usage(messages, reply)))
-    message = builder.finish()
-    completion = Completion(
+    return await run_call(
+        actor,
+        on_chunk,
+        build=build,
+        open_stream=_itself,
+        translator=lambda emit: _ScriptedTranslator(emit, model, messages, turn),
+        classify=_never_retried,
         provider="scripted",
         model=model.name,
-        finish_reason=finish,
-        message_index=len(messages),
-        duration_s=time.perf_counter() - started,
-        time_to_first_token_s=ttft,
+        bounded=False,  # no I/O to time out, as before the shared skeleton
     )
-    return append_assistant(actor, message, completion)
+
+
+def _itself(stream: _ScriptedStream) -> _ScriptedStream:
+    return stream
+
+
+def _never_retried(exc: Exception) -> None:
+    """The script's exception is the provider's final word: raised as it is."""
+    return None

@@ -426,10 +426,21 @@ class FakeServer:
             interleave_tool_calls=self.interleave_tool_calls,
         )
         reply = turn.scripted_reply
-        if not fmt.is_stream(request):
-            await self._send_json(conn, stream, 200, fmt.complete_response(reply, request, ctx), turn.headers)
+        try:  # a reply the format cannot render (e.g. malformed arguments Gemini sends as JSON)
+            rendered = (
+                fmt.stream_events(reply, request, ctx)
+                if fmt.is_stream(request)
+                else fmt.complete_response(reply, request, ctx)
+            )
+        except Exception as e:
+            message = f"the fake server's {fmt.name} format cannot render turn {request.index + 1}: {e!r}"
+            self.errors.append(message)
+            await self._send_json(conn, stream, 500, fmt.error_body(500, message, "unrenderable_turn"))
             return True
-        events = fmt.stream_events(reply, request, ctx)
+        if not fmt.is_stream(request):
+            await self._send_json(conn, stream, 200, rendered, turn.headers)
+            return True
+        events = rendered
         headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
         headers += list(turn.headers.items())
         await self._send(conn, stream, h11.Response(status_code=200, headers=headers))
