@@ -36,7 +36,7 @@ from rollouts import Actor, Endpoint, Message, Trajectory
 from rollouts.agents import rollout
 from rollouts.events import StreamEvent, TextDelta
 from rollouts.local_model import ensure_local_server
-from rollouts.providers._clients import client_scope
+from rollouts.providers import client_scope
 
 GEN_TOKENS = 128
 GEN_PROMPT = "Count from 1 to 300, separated by commas, and write nothing else."  # never stops early

@@ -17,14 +17,12 @@ from rollouts import (
     RunConfig,
     ScriptedModel,
     StreamEvent,
-    TextDelta,
-    ToolCallEnd,
-    ToolResultReceived,
     Trajectory,
     handle_stop_max_turns,
     run_agent,
     tool_call,
 )
+from rollouts.events import TextDelta, ToolCallEnd, ToolResultReceived
 
 
 async def print_event(event: StreamEvent) -> None:

@@ -2,11 +2,21 @@
 
 Frozen state flows through `run_agent()` -> `run_agent_step()` -> `rollout()` +
 `process_pending_tools()`; every step returns a new state. Providers stream granular events;
-environments provide tools; `evaluate()` scores datasets; `optimize()` evolves prompts with GEPA;
-sessions persist every message.
+environments provide tools; `evaluate()` scores datasets; `optimize()` evolves prompts with GEPA.
+
+The root holds the core, grouped by concept below. The rest lives in its own package, each with
+its `__all__`: `rollouts.events` (every stream event), `rollouts.providers` (the registry, prices,
+retry policy, client pooling), `rollouts.store` (sessions: FileSessionStore, resume_session),
+`rollouts.gepa` (the engine, adapters, selectors, stoppers), `rollouts.environments` (every
+environment and its helpers), `rollouts.local_model` (the embedded model), `rollouts.testing`
+(the fake provider server), `rollouts.frozen` (read-only data), `rollouts.config` (model specs
+and config files), `rollouts.errors` (every error).
 """
 
+# --- the loop: running an agent ------------------------------------------------------------
 from rollouts.agents import process_pending_tools, rollout, run_agent, run_agent_step
+
+# --- types: what flows through the loop -----------------------------------------------------
 from rollouts.dtypes import (
     Actor,
     AgentState,
@@ -25,12 +35,13 @@ from rollouts.dtypes import (
     Trajectory,
     Usage,
 )
+
+# --- environments: the tools an agent works with (all of them: rollouts.environments) ------
 from rollouts.environments import (
     BasicEnvironment,
     BrowsingEnvironment,
     CalculatorEnvironment,
     CodingEnvironment,
-    ComposedEnvironment,
     Environment,
     EnvironmentBase,
     GitWorktreeEnvironment,
@@ -40,17 +51,20 @@ from rollouts.environments import (
     compose,
     tool,
 )
+
+# --- errors (all of them: rollouts.errors) --------------------------------------------------
 from rollouts.errors import (
     AuthenticationError,
     ConfigurationError,
     ContextTooLongError,
-    ModelFileError,
     ProviderConnectionError,
     ProviderError,
     RateLimitError,
     RolloutsError,
     UnknownProviderError,
 )
+
+# --- evaluation and scoring -----------------------------------------------------------------
 from rollouts.eval.io import load_csv, load_jsonl
 from rollouts.eval.run import EvalConfig, EvalReport, evaluate, evaluate_sample, load_report
 from rollouts.eval.sample import Metric, Sample, Score
@@ -65,76 +79,98 @@ from rollouts.eval.scorers import (
     numeric_match,
 )
 from rollouts.eval.summary import group_samples, summarize, summarize_groups
-from rollouts.events import (
-    LLMCallStart,
-    OnChunk,
-    StreamDone,
-    StreamError,
-    StreamEvent,
-    StreamStart,
-    TextDelta,
-    TextEnd,
-    TextStart,
-    ThinkingDelta,
-    ThinkingEnd,
-    ThinkingSignature,
-    ThinkingStart,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallError,
-    ToolCallStart,
-    ToolExecutionStart,
-    ToolResultReceived,
-    ignore_chunk,
-)
-from rollouts.gepa import GEPAAdapter, GEPAConfig, GEPAResult, RolloutsAdapter, optimize
+
+# --- the loop: streaming (every event: rollouts.events) -------------------------------------
+from rollouts.events import OnChunk, StreamEvent
+
+# --- prompt optimization (the engine and its parts: rollouts.gepa) ---------------------------
+from rollouts.gepa import GEPAConfig, GEPAResult, optimize
+
+# --- handlers: when a run stops and what it sees --------------------------------------------
 from rollouts.handlers import (
     ToolConfirmResult,
     compose_handlers,
-    confirm_tool_auto_approve,
     confirm_tool_interactive,
-    handle_no_tool_stop,
     handle_stop_cost_budget,
     handle_stop_max_turns,
     handle_stop_on_empty_message,
     handle_stop_token_budget,
-    handle_tool_error_continue,
     handle_tool_error_stop,
     inject_tool_reminder,
     inject_turn_warning,
 )
-from rollouts.local_model import LocalServerSettings, ensure_local_server, shutdown_local_server
-from rollouts.partial_json import parse_partial_json
-from rollouts.providers import get_provider_function, known_providers, register_provider
-from rollouts.providers._clients import client_scope
-from rollouts.providers._pricing import ModelPrice, price_for, register_price
-from rollouts.providers._retry import retry_policy
-from rollouts.providers.scripted import (
-    ScriptedModel,
-    ScriptedReply,
-    ScriptedRequest,
-    ScriptedToolCall,
-    ScriptExhaustedError,
-    tool_call,
-)
+
+# --- models: adding a provider; scripted models for tests and demos -------------------------
+from rollouts.providers import register_provider
+from rollouts.providers.scripted import ScriptedModel, ScriptedReply, ScriptedToolCall, tool_call
+
+# --- the loop: how a run behaves ------------------------------------------------------------
 from rollouts.run_config import RunConfig
-from rollouts.store import (
-    AgentSession,
-    FileSessionStore,
-    SessionCorruptError,
-    SessionError,
-    SessionNotFoundError,
-    SessionRecoveryWarning,
-    SessionStatus,
-    SessionStore,
-    resume_session,
-)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # types
+    "Actor",
+    "AgentState",
+    "Completion",
+    "ContentBlock",
+    "Endpoint",
+    "ImageContent",
+    "Message",
+    "StopReason",
+    "TextContent",
+    "ThinkingContent",
+    "Tool",
+    "ToolCall",
+    "ToolCallContent",
+    "ToolResult",
+    "Trajectory",
+    "Usage",
+    # the loop
+    "OnChunk",
+    "RunConfig",
+    "StreamEvent",
+    "process_pending_tools",
+    "rollout",
+    "run_agent",
+    "run_agent_step",
+    # handlers
+    "ToolConfirmResult",
+    "compose_handlers",
+    "confirm_tool_interactive",
+    "handle_stop_cost_budget",
+    "handle_stop_max_turns",
+    "handle_stop_on_empty_message",
+    "handle_stop_token_budget",
+    "handle_tool_error_stop",
+    "inject_tool_reminder",
+    "inject_turn_warning",
+    # environments
+    "BasicEnvironment",
+    "BrowsingEnvironment",
+    "CalculatorEnvironment",
+    "CodingEnvironment",
+    "Environment",
+    "EnvironmentBase",
+    "GitWorktreeEnvironment",
+    "ToolEnvironment",
+    "ToolError",
+    "check_environment",
+    "compose",
+    "tool",
+    # models
+    "ScriptedModel",
+    "ScriptedReply",
+    "ScriptedToolCall",
+    "register_provider",
+    "tool_call",
+    # evaluation and scoring
     "EvalConfig",
     "EvalReport",
+    "Metric",
+    "Sample",
+    "Score",
     "combine",
     "evaluate",
     "evaluate_sample",
@@ -151,120 +187,17 @@ __all__ = [
     "numeric_match",
     "summarize",
     "summarize_groups",
-    "Actor",
-    "AgentState",
-    "AuthenticationError",
-    "BasicEnvironment",
-    "CalculatorEnvironment",
-    "Completion",
-    "ConfigurationError",
-    "ContentBlock",
-    "ContextTooLongError",
-    "Endpoint",
-    "Environment",
-    "EnvironmentBase",
-    "ImageContent",
-    "LLMCallStart",
-    "Message",
-    "Metric",
-    "ProviderError",
-    "RolloutsError",
-    "RunConfig",
-    "Sample",
-    "Score",
-    "ScriptedModel",
-    "ScriptedReply",
-    "ScriptedToolCall",
-    "StopReason",
-    "StreamDone",
-    "StreamError",
-    "StreamEvent",
-    "StreamStart",
-    "TextContent",
-    "TextDelta",
-    "TextEnd",
-    "TextStart",
-    "ThinkingContent",
-    "ThinkingDelta",
-    "ThinkingEnd",
-    "ThinkingStart",
-    "Tool",
-    "ToolCall",
-    "ToolCallContent",
-    "ToolCallDelta",
-    "ToolCallEnd",
-    "ToolCallError",
-    "ToolCallStart",
-    "ToolConfirmResult",
-    "ToolExecutionStart",
-    "ToolResult",
-    "ToolResultReceived",
-    "Trajectory",
-    "UnknownProviderError",
-    "Usage",
-    "compose_handlers",
-    "confirm_tool_auto_approve",
-    "confirm_tool_interactive",
-    "get_provider_function",
-    "handle_stop_cost_budget",
-    "handle_stop_max_turns",
-    "handle_stop_on_empty_message",
-    "handle_stop_token_budget",
-    "handle_tool_error_stop",
-    "inject_tool_reminder",
-    "inject_turn_warning",
-    "parse_partial_json",
-    "process_pending_tools",
-    "register_provider",
-    "rollout",
-    "run_agent",
-    "run_agent_step",
-    "tool_call",
-    # core and providers: the rest of the public API
-    "ModelFileError",
-    "ModelPrice",
-    "OnChunk",
-    "ProviderConnectionError",
-    "RateLimitError",
-    "ScriptExhaustedError",
-    "ScriptedRequest",
-    "ThinkingSignature",
-    "client_scope",
-    "handle_no_tool_stop",
-    "handle_tool_error_continue",
-    "ignore_chunk",
-    "known_providers",
-    "price_for",
-    "register_price",
-    "retry_policy",
-    # environments (issue 6)
-    "BrowsingEnvironment",
-    "CodingEnvironment",
-    "ComposedEnvironment",
-    "GitWorktreeEnvironment",
-    "ToolEnvironment",
-    "ToolError",
-    "check_environment",
-    "compose",
-    "tool",
-    # the embedded local model
-    "LocalServerSettings",
-    "ensure_local_server",
-    "shutdown_local_server",
-    # sessions
-    "AgentSession",
-    "FileSessionStore",
-    "SessionCorruptError",
-    "SessionError",
-    "SessionNotFoundError",
-    "SessionRecoveryWarning",
-    "SessionStatus",
-    "SessionStore",
-    "resume_session",
-    # GEPA
-    "GEPAAdapter",
+    # prompt optimization
     "GEPAConfig",
     "GEPAResult",
-    "RolloutsAdapter",
     "optimize",
+    # errors
+    "AuthenticationError",
+    "ConfigurationError",
+    "ContextTooLongError",
+    "ProviderConnectionError",
+    "ProviderError",
+    "RateLimitError",
+    "RolloutsError",
+    "UnknownProviderError",
 ]

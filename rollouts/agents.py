@@ -9,21 +9,20 @@ must be recorded on abort is recorded in a shielded scope.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any
 
 import trio
 
 from rollouts._schema import argument_errors
-from rollouts.dtypes import Actor, AgentState, Message, StopReason, Tool, ToolCall, ToolResult, now_iso
+from rollouts.dtypes import Actor, AgentState, Message, StopReason, Tool, ToolCall, ToolResult, evolve, now_iso
 from rollouts.environments.base import Environment, clone_environment, environment_type_name
 from rollouts.errors import AuthenticationError, ContextTooLongError, ProviderError
 from rollouts.events import OnChunk, StreamEvent, ToolExecutionStart, ToolResultReceived
-from rollouts.providers import get_provider_function
-from rollouts.providers._aggregate import MessageBuilder
-from rollouts.providers._clients import client_scope
+from rollouts.providers import MessageBuilder, client_scope, get_provider_function
 from rollouts.run_config import RunConfig
-from rollouts.store.base import SessionError, SessionStatus, SessionStore
+from rollouts.store.base import SessionConflictError, SessionStatus, SessionStore
+
+_SCHEDULE_EVERY = 64  # streamed events between two full checkpoints (see run_agent_step)
 
 
 class _Tracker:
@@ -43,10 +42,26 @@ async def rollout(actor: Actor, on_chunk: OnChunk) -> Actor:
     new assistant message appended."""
     fn = get_provider_function(actor.endpoint.provider, actor.endpoint.model)
     new_actor = await fn(actor, on_chunk)
-    n = len(actor.trajectory.messages)
-    assert len(new_actor.trajectory.messages) == n + 1, "a provider must append exactly one message"
-    assert new_actor.trajectory.messages[-1].role == "assistant", "a provider must append an assistant message"
+    _check_provider_result(actor, new_actor)
     return new_actor
+
+
+def _check_provider_result(actor: Actor, new_actor: object) -> None:
+    """The provider contract (checked on every call: it is user code when registered)."""
+    provider = actor.endpoint.provider
+    if not isinstance(new_actor, Actor):
+        raise TypeError(
+            f"provider {provider!r} must return the Actor with the new assistant message appended, "
+            f"got {type(new_actor).__name__}"
+        )
+    n = len(actor.trajectory.messages)
+    added = len(new_actor.trajectory.messages) - n
+    if added != 1 or new_actor.trajectory.messages[-1].role != "assistant":
+        raise TypeError(
+            f"provider {provider!r} must append exactly one assistant message to the trajectory; it "
+            f"appended {added} message(s)"
+            + (f", the last a {new_actor.trajectory.messages[-1].role!r} message" if added > 0 else "")
+        )
 
 
 async def _record(
@@ -58,11 +73,19 @@ async def _record(
     """Append messages that are already part of `state` to its session. Shielded: a message the
     state holds is always recorded, so the session and the state never disagree.
     `environment_state` (the environment after the last message) goes with the last one."""
-    if rc.session_store is not None and state.session_id is not None:
+    if rc.session_store is not None and state.session_id is not None and messages:
+        # conditional on the session holding exactly what precedes them: if another process
+        # continued the same session meanwhile, SessionConflictError ends this run, nothing lost
+        expected = len(state.messages) - len(messages)
         with trio.CancelScope(shield=True):
-            for i, m in enumerate(messages):
-                env = environment_state if i == len(messages) - 1 else None
-                await rc.session_store.append_message(state.session_id, m, environment_state=env)
+            if len(messages) == 1:
+                await rc.session_store.append_message(
+                    state.session_id, messages[0], environment_state=environment_state, expected_count=expected
+                )
+            else:
+                await rc.session_store.append_messages(
+                    state.session_id, messages, environment_state=environment_state, expected_count=expected
+                )
 
 
 async def _record_added(rc: RunConfig, before: AgentState, after: AgentState) -> None:
@@ -105,8 +128,13 @@ async def _execute_tool(
             result = await env.exec_tool(call, state, rc)
     except Exception as e:  # trio.Cancelled is a BaseException and propagates
         return _error_result(call, f"Tool '{call.name}' failed: {type(e).__name__}: {e}")
-    assert isinstance(result, ToolResult), f"{type(env).__name__}.exec_tool must return a ToolResult, got {result!r}"
-    assert result.tool_call_id == call.id, "a ToolResult must answer the call it was given (tool_call_id)"
+    if not isinstance(result, ToolResult):
+        raise TypeError(f"{type(env).__name__}.exec_tool must return a ToolResult, got {type(result).__name__}")
+    if result.tool_call_id != call.id:
+        raise TypeError(
+            f"{type(env).__name__}.exec_tool must answer the call it was given: its ToolResult has "
+            f"tool_call_id {result.tool_call_id!r}, the call's id is {call.id!r}"
+        )
     return result
 
 
@@ -120,7 +148,11 @@ async def process_pending_tools(
     environment state recorded with its result) never sees what an interrupted call i+1 did."""
     rc = run_config
     calls = state.pending_tool_calls
-    assert state.next_tool_idx < len(calls), "process_pending_tools called with nothing pending"
+    if state.next_tool_idx >= len(calls):
+        raise ValueError(
+            "process_pending_tools: the state has no pending tool calls "
+            f"(next_tool_idx {state.next_tool_idx} of {len(calls)}); run_agent_step decides when to call it"
+        )
     recording = rc.session_store is not None and state.session_id is not None
     tools = {t.name: t for t in state.environment.get_tools()} if state.environment is not None else {}
     for idx in range(state.next_tool_idx, len(calls)):
@@ -133,7 +165,7 @@ async def process_pending_tools(
             result = _error_result(call, "This agent has no environment, so it has no tools to call.")
         else:
             env = await clone_environment(env)
-            state = replace(state, environment=env)
+            state = evolve(state, environment=env)
             approved = True
             if env.requires_confirmation(call):
                 state, confirm = await rc.confirm_tool(call, state, rc)
@@ -142,33 +174,36 @@ async def process_pending_tools(
                     result = _error_result(call, f"The user denied this tool call: {confirm.reason}")
             if approved:
                 await rc.on_chunk(ToolExecutionStart(call.id, call.name))
+                await trio.lowlevel.checkpoint_if_cancelled()
                 result = await _execute_tool(env, tools, call, state, rc)
                 executed = True
-        details: dict[str, Any] = {"tool_name": call.name}
-        if result.is_error:
-            details["is_error"] = True
-        if result.details:
-            details["result"] = dict(result.details)
-        message = Message("tool", result.content, tool_call_id=call.id, timestamp=now_iso(), details=details)
-        await rc.on_chunk(ToolResultReceived(call.id, call.name, result))
+        message = Message.tool_result(
+            call, result.content, is_error=result.is_error, result_details=result.details, timestamp=now_iso()
+        )
         env_state = await env.serialize() if (recording and env is not None) else None
-        state = replace(state.with_messages(message), next_tool_idx=idx + 1)
+        state = evolve(state.with_messages(message), next_tool_idx=idx + 1)
         if _tracker is not None:
             _tracker.state = state
+        # Recorded before the event goes out: a cancel landing in or after the event keeps it.
         await _record(rc, state, (message,), env_state)
+        await rc.on_chunk(ToolResultReceived(call.id, call.name, result))
+        await trio.lowlevel.checkpoint_if_cancelled()
         if result.is_error and executed:
             before = state
             state = rc.handle_tool_error(result, state)
             await _record_added(rc, before, state)
         if result.stop_reason is not None and state.stop is None:
-            state = replace(state, stop=result.stop_reason)
-    return replace(state, pending_tool_calls=(), next_tool_idx=0)
+            state = evolve(state, stop=result.stop_reason)
+    return evolve(state, pending_tool_calls=(), next_tool_idx=0)
 
 
 async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: _Tracker | None = None) -> AgentState:
     """One step: stop checks, then either the pending tool calls of an interrupted turn or one
     model call followed by its tool calls. Returns the new state (turn_idx advanced)."""
     rc = run_config
+    # Every turn passes a checkpoint (a cancel point and a schedule point): a scripted model and
+    # an in-memory environment never yield on their own, and cancellation must still land.
+    await trio.lowlevel.checkpoint()
     before = state
     state = rc.handle_stop(state)
     await _record_added(rc, before, state)
@@ -176,7 +211,7 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
         return state
     if state.next_tool_idx < len(state.pending_tool_calls):
         state = await process_pending_tools(state, rc, _tracker=_tracker)
-        return replace(state, turn_idx=state.turn_idx + 1)
+        return evolve(state, turn_idx=state.turn_idx + 1)
 
     before = state
     state = rc.on_step_start(state)
@@ -185,17 +220,29 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
         return state
     env = state.environment
     tools = tuple(env.get_tools()) if env is not None else ()
-    actor = state.actor if state.actor.tools == tools else replace(state.actor, tools=tools)
+    actor = state.actor if state.actor.tools == tools else evolve(state.actor, tools=tools)
 
-    on_chunk = rc.on_chunk
+    user_on_chunk = rc.on_chunk
+    builder: MessageBuilder | None = None
     if _tracker is not None:
         builder = MessageBuilder(actor.endpoint.provider, actor.endpoint.model)
         _tracker.builder = builder
-        user_on_chunk = rc.on_chunk
 
-        async def on_chunk(event: StreamEvent) -> None:
+    events = 0
+
+    async def on_chunk(event: StreamEvent) -> None:
+        # Every streamed event is a cancel point (cheap: it yields only when cancelled) and every
+        # 64th a full checkpoint, so other tasks and deadlines get to run during a long stream
+        # that never waits on I/O (a full checkpoint per event would double a scripted turn).
+        nonlocal events
+        if builder is not None:
             builder.feed(event)
-            await user_on_chunk(event)
+        await user_on_chunk(event)
+        events += 1
+        if events % _SCHEDULE_EVERY == 0:
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
 
     try:
         if rc.model_limiter is not None:
@@ -207,12 +254,12 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
         raise
     except ProviderError as e:
         reason = StopReason.CONTEXT_TOO_LONG if isinstance(e, ContextTooLongError) else StopReason.PROVIDER_ERROR
-        return replace(state, stop=reason, error=f"{type(e).__name__}: {e}")
+        return evolve(state, stop=reason, error=f"{type(e).__name__}: {e}")
     if _tracker is not None:
         _tracker.builder = None
 
     message = new_actor.trajectory.messages[-1]
-    state = replace(state, actor=new_actor)
+    state = evolve(state, actor=new_actor)
     if _tracker is not None:
         _tracker.state = state
     await _record(rc, state, (message,))
@@ -226,27 +273,45 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
         before = state
         state = await rc.handle_no_tool(state, rc)
         await _record_added(rc, before, state)
-        return replace(state, turn_idx=state.turn_idx + 1)
-    state = replace(state, pending_tool_calls=calls, next_tool_idx=0)
+        return evolve(state, turn_idx=state.turn_idx + 1)
+    state = evolve(state, pending_tool_calls=calls, next_tool_idx=0)
     if _tracker is not None:
         _tracker.state = state
     state = await process_pending_tools(state, rc, _tracker=_tracker)
-    return replace(state, turn_idx=state.turn_idx + 1)
+    return evolve(state, turn_idx=state.turn_idx + 1)
+
+
+def _same_message(a: Message, b: Message) -> bool:
+    """Whether two messages are the same recorded message (by role, time and call id; by text
+    when they carry no timestamp)."""
+    if (a.role, a.timestamp, a.tool_call_id) != (b.role, b.timestamp, b.tool_call_id):
+        return False
+    return bool(a.timestamp) or a.text == b.text
 
 
 async def _continue_session(state: AgentState, store: SessionStore) -> None:
     """A resumed run: record the messages the state has beyond the session's (e.g. a new user
-    message), never those it already holds, and mark the session running."""
+    message), never those it already holds, and mark the session running. If another process
+    continued the session since this state was read, SessionConflictError: nothing is appended."""
     assert state.session_id is not None
     stored = await store.message_count(state.session_id)
     if len(state.messages) < stored:
-        raise SessionError(
+        raise SessionConflictError(
             f"the state has {len(state.messages)} messages but session {state.session_id} has {stored}: "
             f"it is behind the session; continue from resume_session(store, {state.session_id!r})"
         )
-    with trio.CancelScope(shield=True):
-        for m in state.messages[stored:]:
-            await store.append_message(state.session_id, m)
+    if stored:
+        _, recorded = await store.get(state.session_id)
+        if len(recorded) != stored or not _same_message(recorded[-1], state.messages[stored - 1]):
+            raise SessionConflictError(
+                f"session {state.session_id} was continued elsewhere since this state was read (its message "
+                f"{stored} is not this state's); nothing was recorded. Continue from "
+                f"resume_session(store, {state.session_id!r})"
+            )
+    new = state.messages[stored:]
+    if new:
+        with trio.CancelScope(shield=True):
+            await store.append_messages(state.session_id, new, expected_count=stored)
     env = state.environment
     await store.update(
         state.session_id,
@@ -256,6 +321,9 @@ async def _continue_session(state: AgentState, store: SessionStore) -> None:
 
 
 async def _start_session(state: AgentState, rc: RunConfig) -> AgentState:
+    """Create (or continue) the run's session and record what it does not hold yet. Called
+    shielded, so a session that exists always gets its outcome recorded, even when the run was
+    cancelled before it began."""
     store = rc.session_store
     if store is None:
         return state
@@ -272,11 +340,9 @@ async def _start_session(state: AgentState, rc: RunConfig) -> AgentState:
         tags=rc.session_tags,
         status=SessionStatus.RUNNING,
     )
-    state = replace(state, session_id=session.session_id)
+    state = evolve(state, session_id=session.session_id)
     own = state.messages[state.branch_point :] if state.parent_session_id and state.branch_point else state.messages
     await _record(rc, state, tuple(own))
-    if env is not None:
-        await env.on_session_start(session.session_id)
     return state
 
 
@@ -285,6 +351,10 @@ def _final_status(state: AgentState) -> SessionStatus:
         return SessionStatus.ABORTED
     if state.stop in (StopReason.PROVIDER_ERROR, StopReason.CONTEXT_TOO_LONG):
         return SessionStatus.FAILED
+    if state.stop == StopReason.MAX_TURNS:  # a limit ended it, not the agent
+        return SessionStatus.MAX_TURNS
+    if state.stop == StopReason.BUDGET_EXCEEDED:
+        return SessionStatus.BUDGET_EXCEEDED
     return SessionStatus.COMPLETED
 
 
@@ -314,21 +384,25 @@ def _aborted(tracker: _Tracker) -> tuple[AgentState, Message | None]:
         partial = tracker.builder.partial_message() if tracker.builder is not None else None
         if partial is not None:
             state = state.with_messages(partial)
-        tracker.aborted = (replace(state, stop=StopReason.ABORTED, error="the run was cancelled"), partial)
+        tracker.aborted = (evolve(state, stop=StopReason.ABORTED, error="the run was cancelled"), partial)
     return tracker.aborted
 
 
 async def _run_loop(states: list[AgentState], rc: RunConfig, tracker: _Tracker) -> None:
-    state = await _start_session(states[0], rc)
+    created = rc.session_store is not None and states[0].session_id is None
+    with trio.CancelScope(shield=True):
+        state = await _start_session(states[0], rc)
     states[0] = tracker.state = state
     try:
+        if created and state.environment is not None and state.session_id is not None:
+            await state.environment.on_session_start(state.session_id)
         # Each step is one model turn or the resumption of an interrupted turn's tool calls,
         # so 2 * max_turns + 1 steps bound the loop whatever the handlers do.
         for _ in range(2 * rc.max_turns + 1):
             if state.stop is not None:
                 break
             if state.turn_idx >= rc.max_turns and state.next_tool_idx >= len(state.pending_tool_calls):
-                state = replace(state, stop=StopReason.MAX_TURNS, error=f"reached RunConfig.max_turns={rc.max_turns}")
+                state = evolve(state, stop=StopReason.MAX_TURNS, error=f"reached RunConfig.max_turns={rc.max_turns}")
                 states.append(state)
                 break
             state = await run_agent_step(state, rc, _tracker=tracker)
@@ -341,10 +415,13 @@ async def _run_loop(states: list[AgentState], rc: RunConfig, tracker: _Tracker) 
             if rc.session_store is not None and tracker.state.session_id is not None:
                 if _is_cancellation(exc):
                     aborted, partial = _aborted(tracker)
-                    if partial is not None:
-                        await _record(rc, aborted, (partial,))
-                    await _finish_session(rc, tracker.state, SessionStatus.ABORTED)
-                else:
+                    try:
+                        if partial is not None:
+                            await _record(rc, aborted, (partial,))
+                        await _finish_session(rc, tracker.state, SessionStatus.ABORTED)
+                    except SessionConflictError:
+                        pass  # another run continued the session: not ours to mark; cancellation goes on
+                elif not isinstance(exc, SessionConflictError):  # the session is another run's now
                     await rc.session_store.update(tracker.state.session_id, status=SessionStatus.FAILED)
         raise
     # The run is over: its outcome is recorded even if a cancellation arrives meanwhile.

@@ -222,7 +222,7 @@ class BaseModelConfig:
         """The Endpoint for this config, with the key read from the environment."""
         provider, model = self.resolve()
         if provider == "scripted":
-            from rollouts.cli.scripted_models import BUILTIN_SCRIPTED_MODELS, ensure_builtin_scripted_model
+            from rollouts.providers.scripted_models import BUILTIN_SCRIPTED_MODELS, ensure_builtin_scripted_model
 
             if model in BUILTIN_SCRIPTED_MODELS:
                 ensure_builtin_scripted_model(model)

@@ -1,8 +1,12 @@
 """Core frozen types: endpoints, messages and their content blocks, tools, trajectories, state.
 
-Every type here is a frozen dataclass. Sequence fields are tuples; "changing" a value means
-`dataclasses.replace`. Every persisted type has `to_dict()` / `from_dict()` that round-trip
-through JSON to an equal object.
+Every type here is a frozen dataclass, frozen all the way down: sequence fields are tuples, and
+the dicts a caller passes (tool arguments and parameters, message details, trajectory metadata,
+endpoint settings) are copied on the way in into read-only `FrozenDict`/`FrozenList` values
+(`rollouts.frozen`) that still compare equal to, and serialize like, plain dicts and lists.
+"Changing" a value means `dataclasses.replace`. Every persisted type has `to_dict()` /
+`from_dict()` that round-trip through JSON to an equal object; `to_dict()` returns plain,
+mutable dicts and lists.
 """
 
 from __future__ import annotations
@@ -12,9 +16,12 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
+
+from rollouts.frozen import FrozenDict, thaw
+from rollouts.redaction import redact_json, redact_secret_fields, register_endpoint_secrets
 
 if TYPE_CHECKING:
     from rollouts.environments.base import Environment
@@ -26,6 +33,38 @@ _ROLES = ("system", "user", "assistant", "tool")
 def _clean(d: dict[str, Any]) -> dict[str, Any]:
     """Drop keys whose value is None so persisted JSON stays small and stable."""
     return {k: v for k, v in d.items() if v is not None}
+
+
+def _freeze_field(obj: object, name: str, optional: bool = False) -> None:
+    """Replace the mapping in field `name` of a frozen dataclass by a deep read-only copy (a
+    TypeError naming the field if it is not a mapping)."""
+    value = getattr(obj, name)
+    if type(value) is FrozenDict or (optional and value is None):
+        return
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{type(obj).__name__}.{name} must be a mapping (a dict){' or None' if optional else ''}, "
+            f"got {type(value).__name__}"
+        )
+    object.__setattr__(obj, name, FrozenDict(value))
+
+
+_D = TypeVar("_D")
+
+
+def evolve(obj: _D, **changes: Any) -> _D:
+    """`dataclasses.replace` for the frozen types here, without its per-call field
+    introspection (the agent loop makes a dozen new states per turn). Runs `__post_init__`,
+    so a new value is checked and frozen like a constructed one."""
+    assert changes.keys() <= obj.__dict__.keys(), f"unknown fields {set(changes) - set(obj.__dict__)}"
+    new = object.__new__(type(obj))
+    d = new.__dict__
+    d.update(obj.__dict__)
+    d.update(changes)
+    post = getattr(new, "__post_init__", None)
+    if post is not None:
+        post()
+    return new
 
 
 # --------------------------------------------------------------------------------------------
@@ -61,21 +100,34 @@ class Endpoint:
             raise ValueError("Endpoint.provider must be set, e.g. 'anthropic', 'openai', 'local'")
         if not self.model:
             raise ValueError("Endpoint.model must be set, e.g. 'claude-sonnet-4-5'")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(
+                f"Endpoint.max_tokens must be a positive whole number of tokens (e.g. 4096), got {self.max_tokens!r}"
+            )
         if self.max_retries < 0:
             raise ValueError(f"Endpoint.max_retries must be >= 0, got {self.max_retries}")
         if self.timeout <= 0:
             raise ValueError(f"Endpoint.timeout must be > 0 seconds, got {self.timeout}")
         if self.transport not in ("sdk", "http"):
             raise ValueError(f"Endpoint.transport must be 'sdk' or 'http', got {self.transport!r}")
+        _freeze_field(self, "thinking", optional=True)
+        _freeze_field(self, "extra_params", optional=True)
+        if self.api_key or self.extra_params or self.api_base:
+            register_endpoint_secrets(self)  # a key this process has seen is never printed or written
 
     def to_dict(self, exclude_secrets: bool = True) -> dict[str, Any]:
-        """A JSON-ready dict. With the default `exclude_secrets=True` it has no `api_key` key."""
+        """A JSON-ready dict. With the default `exclude_secrets=True` it has no `api_key` key, and
+        secret-looking `extra_params` fields (headers with a key, ...) and `api_base` credentials
+        read `[redacted]` (`rollouts.redaction.redact_secret_fields`)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         if exclude_secrets:
             for name in _SECRET_FIELDS:
                 d.pop(name, None)
-        d["thinking"] = dict(self.thinking) if self.thinking is not None else None
-        d["extra_params"] = dict(self.extra_params) if self.extra_params is not None else None
+        d["thinking"] = thaw(self.thinking)
+        d["extra_params"] = thaw(self.extra_params)
+        if exclude_secrets:  # one rule for every output: headers holding a key, URL credentials
+            d["api_base"] = redact_secret_fields(d["api_base"])
+            d["extra_params"] = redact_secret_fields(d["extra_params"])
         return d
 
     @classmethod
@@ -142,8 +194,11 @@ class Tool:
     description: str
     parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
 
+    def __post_init__(self) -> None:
+        _freeze_field(self, "parameters")
+
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}
+        return {"name": self.name, "description": self.description, "parameters": thaw(self.parameters)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Tool:
@@ -152,7 +207,10 @@ class Tool:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call the model asked for. `parse_error` is set when its arguments were not valid JSON."""
+    """One call the model asked for. `parse_error` is set when its arguments were not valid JSON.
+
+    `arguments` is a read-only copy of what was passed (a FrozenDict): a tool cannot change
+    the call it was given, nor the assistant message that holds it."""
 
     id: str
     name: str
@@ -160,12 +218,15 @@ class ToolCall:
     raw_arguments: str | None = None
     parse_error: str | None = None
 
+    def __post_init__(self) -> None:
+        _freeze_field(self, "arguments")
+
     def to_dict(self) -> dict[str, Any]:
         return _clean(
             {
                 "id": self.id,
                 "name": self.name,
-                "arguments": dict(self.arguments),
+                "arguments": thaw(self.arguments),
                 "raw_arguments": self.raw_arguments,
                 "parse_error": self.parse_error,
             }
@@ -192,6 +253,9 @@ class ToolResult:
     stop_reason: StopReason | None = None
     details: Mapping[str, Any] | None = None
 
+    def __post_init__(self) -> None:
+        _freeze_field(self, "details", optional=True)
+
     def to_dict(self) -> dict[str, Any]:
         return _clean(
             {
@@ -199,7 +263,7 @@ class ToolResult:
                 "content": self.content,
                 "is_error": self.is_error,
                 "stop_reason": self.stop_reason.value if self.stop_reason else None,
-                "details": dict(self.details) if self.details is not None else None,
+                "details": thaw(self.details),
             }
         )
 
@@ -243,19 +307,21 @@ class ThinkingContent:
 
 
 @dataclass(frozen=True)
-class ToolCallContent:
-    """A tool call inside an assistant message."""
+class ToolCallContent(ToolCall):
+    """A tool call inside an assistant message: a ToolCall (the same fields, declared once)
+    that is also a content block (`type`). As a dataclass it equals only another
+    ToolCallContent; `to_tool_call()` gives the plain ToolCall."""
 
-    id: str
-    name: str
-    arguments: Mapping[str, Any]
-    raw_arguments: str | None = None
-    parse_error: str | None = None
     type: Literal["tool_call"] = "tool_call"
 
     def to_tool_call(self) -> ToolCall:
-        """This block as a ToolCall."""
+        """This block as a plain ToolCall."""
         return ToolCall(self.id, self.name, self.arguments, self.raw_arguments, self.parse_error)
+
+    @classmethod
+    def of(cls, call: ToolCall) -> ToolCallContent:
+        """The content block holding `call`."""
+        return cls(call.id, call.name, call.arguments, call.raw_arguments, call.parse_error)
 
 
 @dataclass(frozen=True)
@@ -273,6 +339,16 @@ class ImageContent:
 
 
 ContentBlock: TypeAlias = TextContent | ThinkingContent | ToolCallContent | ImageContent
+_BLOCK_CLASSES = (TextContent, ThinkingContent, ToolCallContent, ImageContent)
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, tuple):
+        bad = next((b for b in value if not isinstance(b, _BLOCK_CLASSES)), None)
+        return f"a tuple holding a {type(bad).__name__} ({bad!r:.60})"
+    return f"{type(value).__name__} ({value!r:.60})"
+
+
 _BLOCK_TYPES: dict[str, type] = {
     "text": TextContent,
     "thinking": ThinkingContent,
@@ -285,7 +361,7 @@ def block_to_dict(block: ContentBlock) -> dict[str, Any]:
     """A content block as a JSON-ready dict (its `type` says which block it is)."""
     d = {f.name: getattr(block, f.name) for f in fields(block)}
     if isinstance(block, ToolCallContent):
-        d["arguments"] = dict(block.arguments)
+        d["arguments"] = thaw(block.arguments)
     return _clean(d)
 
 
@@ -304,10 +380,19 @@ def block_from_dict(data: Mapping[str, Any]) -> ContentBlock:
 # --------------------------------------------------------------------------------------------
 
 
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted (one assignment: thread-safe)
+
+
 def now_iso() -> str:
     """Current UTC time as an ISO-8601 string with microseconds."""
+    global _second
     t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1e6):06d}Z"
+    whole = int(t)
+    second, prefix = _second
+    if whole != second:
+        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _second = (whole, prefix)
+    return f"{prefix}.{int((t - whole) * 1e6):06d}Z"
 
 
 @dataclass(frozen=True)
@@ -315,7 +400,10 @@ class Message:
     """One message of a conversation.
 
     `content` is a plain string or a tuple of content blocks. Assistant messages made by a
-    provider carry `provider`, `model` and `usage`; tool results carry `tool_call_id`.
+    provider carry `provider`, `model` and `usage`; tool results carry `tool_call_id`, and
+    their `details` say which tool answered (`tool_name`), whether it failed (`is_error`) and
+    what else the tool reported (`result`): read them through the properties of the same names
+    and build them with `Message.tool_result`.
     """
 
     role: Role
@@ -330,10 +418,57 @@ class Message:
     def __post_init__(self) -> None:
         if self.role not in _ROLES:
             raise ValueError(f"Message.role must be one of {_ROLES}, got {self.role!r}")
-        if isinstance(self.content, list):
-            object.__setattr__(self, "content", tuple(self.content))
+        content = self.content
+        if type(content) is not str:
+            if isinstance(content, list):
+                content = tuple(content)
+                object.__setattr__(self, "content", content)
+            if not isinstance(content, tuple) or not all(isinstance(b, _BLOCK_CLASSES) for b in content):
+                raise TypeError(
+                    f'Message.content must be a str ("" for no text) or a tuple of content blocks '
+                    f"(TextContent, ThinkingContent, ToolCallContent, ImageContent), got {_describe(content)}"
+                )
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs tool_call_id")
+        if self.details is not None:
+            _freeze_field(self, "details", optional=True)
+
+    @classmethod
+    def tool_result(
+        cls,
+        call: ToolCall,
+        content: str,
+        *,
+        is_error: bool = False,
+        result_details: Mapping[str, Any] | None = None,
+        timestamp: str | None = None,
+    ) -> Message:
+        """The tool message answering `call`: its text, whether it is an error and the tool's
+        own details (stored as `details["result"]`)."""
+        details: dict[str, Any] = {"tool_name": call.name}
+        if is_error:
+            details["is_error"] = True
+        if result_details:
+            details["result"] = result_details
+        return cls("tool", content, tool_call_id=call.id, timestamp=timestamp, details=details)
+
+    @property
+    def is_error(self) -> bool:
+        """Whether this is a tool message reporting a failure (unknown tool, bad arguments, a
+        denied call, a tool that raised or returned an error result)."""
+        return self.role == "tool" and bool(self.details and self.details.get("is_error"))
+
+    @property
+    def tool_name(self) -> str | None:
+        """For a tool message, the name of the tool that answered (None if not recorded)."""
+        name = self.details.get("tool_name") if (self.role == "tool" and self.details) else None
+        return str(name) if name is not None else None
+
+    @property
+    def tool_details(self) -> Mapping[str, Any] | None:
+        """For a tool message, the details its tool reported (`ToolResult.details`), if any."""
+        result = self.details.get("result") if (self.role == "tool" and self.details) else None
+        return result if isinstance(result, Mapping) else None
 
     @property
     def blocks(self) -> tuple[ContentBlock, ...]:
@@ -366,7 +501,7 @@ class Message:
                 "provider": self.provider,
                 "model": self.model,
                 "usage": self.usage.to_dict() if self.usage else None,
-                "details": dict(self.details) if self.details is not None else None,
+                "details": thaw(self.details),
             }
         )
 
@@ -434,10 +569,11 @@ class Trajectory:
             object.__setattr__(self, "messages", tuple(self.messages))
         if isinstance(self.completions, list):
             object.__setattr__(self, "completions", tuple(self.completions))
+        _freeze_field(self, "metadata")
 
     def append(self, *messages: Message) -> Trajectory:
         """A new trajectory with `messages` appended."""
-        return replace(self, messages=self.messages + messages)
+        return evolve(self, messages=self.messages + messages)
 
     def total_usage(self) -> Usage:
         """The sum of the Usage of every message that has one (the assistant messages)."""
@@ -452,7 +588,7 @@ class Trajectory:
             "messages": [m.to_dict() for m in self.messages],
             "completions": [c.to_dict() for c in self.completions],
             "rewards": self.rewards,
-            "metadata": dict(self.metadata),
+            "metadata": thaw(self.metadata),
         }
 
     @classmethod
@@ -475,10 +611,11 @@ class Trajectory:
 
     @staticmethod
     def save_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> None:
-        """Write one trajectory per line (overwrites `path`)."""
+        """Write one trajectory per line (overwrites `path`), known secrets masked
+        (`rollouts.redaction`)."""
         with open(path, "w", encoding="utf-8") as f:
             for t in trajectories:
-                f.write(t.to_jsonl())
+                f.write(redact_json(t.to_jsonl()))
                 f.write("\n")
 
     @staticmethod
@@ -506,7 +643,7 @@ class Trajectory:
             d.pop("timestamp", None)
             msgs.append(d)
         payload = json.dumps(
-            {"messages": msgs, "metadata": dict(self.metadata)},
+            {"messages": msgs, "metadata": self.metadata},
             sort_keys=True,
             ensure_ascii=False,
             separators=(",", ":"),
@@ -582,8 +719,8 @@ class AgentState:
 
     def with_messages(self, *messages: Message) -> AgentState:
         """A new state whose trajectory has `messages` appended."""
-        actor = replace(self.actor, trajectory=self.actor.trajectory.append(*messages))
-        return replace(self, actor=actor)
+        actor = evolve(self.actor, trajectory=self.actor.trajectory.append(*messages))
+        return evolve(self, actor=actor)
 
 
 # Handler type aliases (the callables RunConfig holds are defined in rollouts.run_config).

@@ -23,6 +23,29 @@ from typing import Any, TypeAlias
 
 from rollouts.dtypes import ToolCall, ToolResult, Usage
 
+__all__ = [
+    "LLMCallStart",
+    "OnChunk",
+    "StreamDone",
+    "StreamError",
+    "StreamEvent",
+    "StreamStart",
+    "TextDelta",
+    "TextEnd",
+    "TextStart",
+    "ThinkingDelta",
+    "ThinkingEnd",
+    "ThinkingSignature",
+    "ThinkingStart",
+    "ToolCallDelta",
+    "ToolCallEnd",
+    "ToolCallError",
+    "ToolCallStart",
+    "ToolExecutionStart",
+    "ToolResultReceived",
+    "ignore_chunk",
+]
+
 
 @dataclass(frozen=True)
 class LLMCallStart:

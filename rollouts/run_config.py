@@ -10,6 +10,7 @@ import trio
 
 from rollouts.dtypes import AgentState, ToolCall, ToolResult
 from rollouts.events import OnChunk, ignore_chunk
+from rollouts.frozen import FrozenDict, freeze
 from rollouts.handlers import (
     NoToolHandler,
     ToolConfirmResult,
@@ -65,3 +66,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.max_turns < 1:
             raise ValueError(f"RunConfig.max_turns must be >= 1, got {self.max_turns}")
+        for name in ("session_tags", "extra"):
+            value = getattr(self, name)
+            if value is not None and type(value) is not FrozenDict:
+                object.__setattr__(self, name, freeze(value))

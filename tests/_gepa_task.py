@@ -13,7 +13,6 @@ user message through the `{{hint}}` placeholder; the others to `system_prompt`.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,7 +20,6 @@ from typing import Any
 from rollouts import EvalConfig, Message, Metric, Sample, Score, ScriptedModel
 from rollouts.providers.scripted import ScriptedRequest
 
-_names = itertools.count()
 TAG = re.compile(r"\[T:([a-z0-9]+)\]")
 
 
@@ -53,7 +51,10 @@ class TagTask:
         kill_at: int | None = None,
         reflection: Callable[[str], str] | None = None,
     ) -> None:
-        n = next(_names)
+        # The same model names for every TagTask: a resumed run is "the same task" only with the
+        # same endpoint (rollouts are reused by fingerprint). Runs of one test are sequential,
+        # so the latest TagTask's models are the ones registered under these names.
+        n = "shared"
         self.two_components = two_components
         self.max_tags = max_tags
         self.kill_at = kill_at

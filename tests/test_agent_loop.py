@@ -15,30 +15,17 @@ from rollouts import (
     AgentState,
     CalculatorEnvironment,
     EnvironmentBase,
-    LLMCallStart,
     Message,
     RunConfig,
     ScriptedModel,
     ScriptedReply,
     ScriptedToolCall,
-    ScriptExhaustedError,
     StopReason,
-    StreamDone,
-    StreamStart,
     TextContent,
-    TextDelta,
-    TextEnd,
-    TextStart,
     Tool,
     ToolCall,
     ToolCallContent,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallError,
-    ToolCallStart,
-    ToolExecutionStart,
     ToolResult,
-    ToolResultReceived,
     Trajectory,
     Usage,
     compose_handlers,
@@ -54,8 +41,23 @@ from rollouts import (
     tool_call,
 )
 from rollouts.errors import AuthenticationError, ContextTooLongError, ProviderError, UnknownProviderError
-from rollouts.events import StreamEvent
+from rollouts.events import (
+    LLMCallStart,
+    StreamDone,
+    StreamEvent,
+    StreamStart,
+    TextDelta,
+    TextEnd,
+    TextStart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallError,
+    ToolCallStart,
+    ToolExecutionStart,
+    ToolResultReceived,
+)
 from rollouts.providers import get_provider_function
+from rollouts.providers.scripted import ScriptExhaustedError
 
 U = Usage(input_tokens=10, output_tokens=5)
 
@@ -666,3 +668,258 @@ async def test_scripted_model_misuse_is_a_clear_error() -> None:
     await run_agent(_state(model), RunConfig())
     with pytest.raises(ScriptExhaustedError, match="has 1 replies but was called 2 times"):
         await run_agent(_state(model), RunConfig())
+
+
+# ------------------------------------------------------------------------------------------
+# Issue 13 item 3: cancellation can be ignored (nothing in the loop yields to the scheduler)
+# ------------------------------------------------------------------------------------------
+
+
+def _adding_model(turns: int) -> ScriptedModel:
+    """A model that calls `add` forever (up to `turns` replies); nothing in it or in the
+    calculator ever awaits anything that yields to the scheduler."""
+    return ScriptedModel([tool_call("add", value=1) for _ in range(turns)])
+
+
+async def test_cancellation_can_be_ignored_scope_cancelled_before_the_run(tmp_path: Any) -> None:
+    from rollouts.store import FileSessionStore, SessionStatus
+
+    model = _adding_model(50)
+    cs = trio.CancelScope()
+    cs.cancel()
+    store = FileSessionStore(tmp_path)
+    states = await run_agent(
+        _state(model, CalculatorEnvironment()), RunConfig(cancel_scope=cs, max_turns=50, session_store=store)
+    )
+    assert states[-1].stop == StopReason.ABORTED
+    assert model.calls == 0  # not one model call ran
+    session = (await store.list())[0]
+    assert session.status == SessionStatus.ABORTED
+
+
+async def test_cancellation_can_be_ignored_scope_cancelled_by_an_event_handler() -> None:
+    model = _adding_model(50)
+    cs = trio.CancelScope()
+
+    async def on_chunk(event: StreamEvent) -> None:  # cancels, but never awaits a checkpoint
+        if isinstance(event, ToolResultReceived):
+            cs.cancel()
+
+    states = await run_agent(
+        _state(model, CalculatorEnvironment()), RunConfig(on_chunk=on_chunk, cancel_scope=cs, max_turns=50)
+    )
+    final = states[-1]
+    assert final.stop == StopReason.ABORTED
+    assert model.calls == 1  # the cancel landed before a second model call
+    assert final.environment.current_value == 1
+    assert [m.role for m in final.messages[2:]] == ["assistant", "tool"]  # the result was kept
+
+
+async def test_cancellation_can_be_ignored_scope_cancelled_by_another_task() -> None:
+    model = _adding_model(50)
+    cs = trio.CancelScope()
+    first_result = trio.Event()
+
+    async def on_chunk(event: StreamEvent) -> None:
+        if isinstance(event, ToolResultReceived):
+            first_result.set()
+
+    async def canceller() -> None:
+        await first_result.wait()
+        cs.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(canceller)
+        states = await run_agent(
+            _state(model, CalculatorEnvironment()), RunConfig(on_chunk=on_chunk, cancel_scope=cs, max_turns=50)
+        )
+    assert states[-1].stop == StopReason.ABORTED
+    assert model.calls < 50  # the other task got to run and its cancel was honoured
+
+
+async def test_cancellation_can_be_ignored_mid_stream_every_event_is_a_cancel_point() -> None:
+    model = ScriptedModel([ScriptedReply("one two three four five six")], chunk_size=4)
+    cs = trio.CancelScope()
+    deltas = 0
+
+    async def on_chunk(event: StreamEvent) -> None:  # no checkpoint of its own
+        nonlocal deltas
+        if isinstance(event, TextDelta):
+            deltas += 1
+            if deltas == 2:
+                cs.cancel()
+
+    states = await run_agent(_state(model), RunConfig(on_chunk=on_chunk, cancel_scope=cs))
+    assert deltas == 2
+    last = states[-1]
+    assert last.stop == StopReason.ABORTED
+    assert last.messages[-1].text == "one two "
+
+
+# ------------------------------------------------------------------------------------------
+# Issue 13 item 4: frozen only at the top (a tool editing its arguments edited the record)
+# ------------------------------------------------------------------------------------------
+
+
+class _EditsItsArguments(CalculatorEnvironment):
+    async def exec_tool(
+        self, tool_call: ToolCall, state: AgentState, run_config: RunConfig, cancel_scope: Any = None
+    ) -> ToolResult:
+        tool_call.arguments["value"] = 1000  # type: ignore[index]
+        return await super().exec_tool(tool_call, state, run_config, cancel_scope)
+
+
+async def test_frozen_only_at_the_top_a_tool_cannot_rewrite_the_recorded_assistant_message(tmp_path: Any) -> None:
+    from rollouts.store import FileSessionStore
+
+    store = FileSessionStore(tmp_path)
+    model = ScriptedModel([tool_call("add", value=2), "done"])
+    states = await run_agent(_state(model, _EditsItsArguments()), RunConfig(session_store=store))
+    final = states[-1]
+    assistant = final.messages[2]
+    assert assistant.get_tool_calls()[0].arguments == {"value": 2}
+    tool_message = final.messages[3]
+    assert tool_message.is_error and "read-only" in tool_message.text  # the edit failed, visibly
+    assert final.environment.current_value == 0
+    # what the model saw next and what the session holds are the call as the model made it
+    assert model.last_request is not None
+    assert model.last_request.messages[2].get_tool_calls()[0].arguments == {"value": 2}
+    _, stored = await store.get(final.session_id or "")
+    assert stored[2].get_tool_calls()[0].arguments == {"value": 2}
+
+
+@pytest.mark.parametrize(
+    ("schema", "valid", "invalid"),
+    [
+        (
+            {
+                "type": "object",
+                "properties": {"v": {"type": "number"}},
+                "required": ["v"],
+                "additionalProperties": False,
+            },
+            [{"v": 1}, {"v": 1.5}],
+            [{}, {"v": "1"}, {"v": True}, {"v": 1, "w": 2}],
+        ),
+        (
+            {"type": "object", "properties": {"xs": {"type": "array", "items": {"type": "integer"}}}},
+            [{"xs": []}, {"xs": [1, 2]}, {"other": None}, {"xs": [1.0]}],
+            [{"xs": [1, "a"]}, {"xs": "12"}],
+        ),
+        (
+            {"type": "object", "properties": {"mode": {"enum": ["a", "b"]}, "n": {"type": ["integer", "null"]}}},
+            [{"mode": "a"}, {"n": None}, {"n": 3}],
+            [{"mode": "c"}, {"n": "3"}],
+        ),
+        (
+            {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}},  # beyond the fast subset
+            [{"n": 3}],
+            [{"n": 2}],
+        ),
+    ],
+)
+def test_tool_argument_checks_agree_with_jsonschema(
+    schema: dict[str, Any], valid: list[Any], invalid: list[Any]
+) -> None:
+    import jsonschema
+
+    from rollouts._schema import argument_errors
+    from rollouts.frozen import freeze
+
+    frozen_schema = freeze(schema)
+    for args in valid:
+        assert argument_errors(frozen_schema, freeze(args)) is None
+        jsonschema.validate(args, schema)
+    for args in invalid:
+        problem = argument_errors(frozen_schema, freeze(args))
+        assert problem is not None
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(args, schema)
+
+
+# ------------------------------------------------------------------------------------------
+# Issue 14 item 4: contracts on user code raise TypeError (asserts vanish under python -O)
+# ------------------------------------------------------------------------------------------
+
+
+class _ReturnsNonsense(CalculatorEnvironment):
+    async def exec_tool(
+        self, tool_call: ToolCall, state: AgentState, run_config: RunConfig, cancel_scope: Any = None
+    ) -> ToolResult:
+        return "Added."  # type: ignore[return-value]
+
+
+class _AnswersAnotherCall(CalculatorEnvironment):
+    async def exec_tool(
+        self, tool_call: ToolCall, state: AgentState, run_config: RunConfig, cancel_scope: Any = None
+    ) -> ToolResult:
+        return ToolResult("someone-else", "Added.")
+
+
+async def test_typed_tool_message_semantics_user_code_contracts_raise_type_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(TypeError, match=r"_ReturnsNonsense\.exec_tool must return a ToolResult, got str"):
+        await run_agent(_state(ScriptedModel([tool_call("add", value=1)]), _ReturnsNonsense()), RunConfig())
+    with pytest.raises(TypeError, match="its ToolResult has tool_call_id 'someone-else'"):
+        await run_agent(_state(ScriptedModel([tool_call("add", value=1)]), _AnswersAnotherCall()), RunConfig())
+
+    from rollouts import providers
+    from rollouts.dtypes import Endpoint
+
+    async def returns_none(actor: Actor, on_chunk: Any) -> Any:
+        return None
+
+    async def appends_two(actor: Actor, on_chunk: Any) -> Actor:
+        return replace(actor, trajectory=actor.trajectory.append(Message("assistant", "a"), Message("assistant", "b")))
+
+    monkeypatch.setitem(providers._REGISTERED, "returns-none", returns_none)  # removed after the test
+    monkeypatch.setitem(providers._REGISTERED, "appends-two", appends_two)
+    for provider, expected in (
+        ("returns-none", "must return the Actor with the new assistant message appended, got NoneType"),
+        ("appends-two", "must append exactly one assistant message to the trajectory; it appended 2"),
+    ):
+        state = AgentState(actor=Actor(Trajectory((Message("user", "hi"),)), Endpoint(provider, "m")))
+        with pytest.raises(TypeError, match=expected):
+            await run_agent(state, RunConfig())
+
+
+async def test_smaller_a_run_stopped_by_a_limit_is_not_recorded_as_completed(tmp_path: Any) -> None:
+    """Issue 13 item 14: a run stopped by max_turns (or a budget) was recorded as `completed`."""
+    from rollouts.store import FileSessionStore, SessionStatus
+
+    store = FileSessionStore(tmp_path)
+    model = ScriptedModel([tool_call("add", value=1), tool_call("add", value=1), "done"])
+    states = await run_agent(_state(model, CalculatorEnvironment()), RunConfig(session_store=store, max_turns=1))
+    assert states[-1].stop == StopReason.MAX_TURNS
+    session, _ = await store.get(states[-1].session_id or "")
+    assert session.status == SessionStatus.MAX_TURNS
+
+    budget = RunConfig(session_store=store, handle_stop=handle_stop_token_budget(1))
+    states = await run_agent(_state(ScriptedModel([tool_call("add", value=1)] * 3), CalculatorEnvironment()), budget)
+    assert states[-1].stop == StopReason.BUDGET_EXCEEDED
+    session, _ = await store.get(states[-1].session_id or "")
+    assert session.status == SessionStatus.BUDGET_EXCEEDED
+
+
+async def test_cancellation_can_be_ignored_another_task_cancels_during_one_long_stream() -> None:
+    """One turn streaming thousands of events without I/O still lets another task run."""
+    text = "x" * 3000
+    model = ScriptedModel([ScriptedReply(text)], chunk_size=1)
+    cs = trio.CancelScope()
+    streaming = trio.Event()
+
+    async def on_chunk(event: StreamEvent) -> None:
+        if isinstance(event, TextDelta):
+            streaming.set()
+
+    async def canceller() -> None:
+        await streaming.wait()
+        cs.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(canceller)
+        states = await run_agent(_state(model), RunConfig(on_chunk=on_chunk, cancel_scope=cs))
+    last = states[-1]
+    assert last.stop == StopReason.ABORTED
+    assert 0 < len(last.messages[-1].text) < len(text)  # cut short mid-stream, not after it

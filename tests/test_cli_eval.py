@@ -90,8 +90,9 @@ def test_eval_csv_with_builtin_scorer_and_json_report(tmp_path: Path) -> None:
     report = json.loads(r.stdout)
     assert report["summary"]["metrics"]["numeric_match"]["mean"] == 1.0
     assert report["status"] == "completed"
-    # default output: $ROLLOUTS_RESULTS_DIR/<dataset>-<provider>-<model>
-    assert (tmp_path / "results" / "qa-scripted-calculator" / "samples.jsonl").is_file()
+    # default output: $ROLLOUTS_RESULTS_DIR/<dataset>-<provider>-<model>-<setting hash>
+    (made,) = (tmp_path / "results").glob("qa-scripted-calculator-*")
+    assert len(made.name) == len("qa-scripted-calculator-") + 8 and (made / "samples.jsonl").is_file()
 
 
 def test_eval_failures_make_the_exit_code_non_zero(tmp_path: Path) -> None:
@@ -231,7 +232,8 @@ def test_summary_token_counts_add_up_to_the_total() -> None:
     tokens = {"input": 127, "output": 16, "cache_read": 18, "cache_write": 0, "reasoning": 0, "total": 161}
     summary = {"counts": counts, "reward": stats, "metrics": {"ok": stats}, "tokens": tokens, "cost_usd": 0.0,
                "turns": {"mean": 1.0}}  # fmt: skip
-    report = SimpleNamespace(eval_name="e", status="completed", duration_s=1.0, reused=0, samples=[], output_dir=None,
+    report = SimpleNamespace(eval_name="e", status="completed", duration_s=1.0, reused=0, rescored=0, samples=[],
+                             output_dir=None,
                              summary=summary)  # fmt: skip
     assert "tokens 161 (in 127, cache read 18, out 16), cost $0.0000, turns/sample 1.00" in summary_text(report)
 

@@ -67,7 +67,7 @@ def test_ctrl_c_cancels_a_long_turn_then_a_second_ctrl_c_exits(tmp_path: Path) -
     child.expect_exact("session (none yet)")
     child.expect_exact("> ")
     child.sendintr()
-    assert _finish(child) == 0
+    assert _finish(child) == 130  # left with Ctrl-C: 130, as documented
     assert "word399" not in (child.before or "")
 
 
@@ -81,7 +81,7 @@ def test_ctrl_c_at_an_idle_prompt_warns_first(tmp_path: Path) -> None:
     child.sendintr()
     child.expect_exact("Ctrl-C again")
     child.sendintr()
-    assert _finish(child) == 0
+    assert _finish(child) == 130
 
 
 def test_tool_confirmation_prompt_denies_then_approves(tmp_path: Path) -> None:
@@ -134,4 +134,20 @@ def test_thinking_is_dimmed_on_a_colour_terminal(tmp_path: Path) -> None:
     assert "thinking: The user wants their words back." in dimmed
     assert "You said: hi" in shown and "You said" not in dimmed  # the answer itself is plain
     child.sendline("/exit")
+    assert _finish(child) == 0
+
+
+def test_leaving_chat_with_ctrl_c_exits_130_as_documented(tmp_path: Path) -> None:
+    """Issue 13 item 14: Ctrl-C twice at the prompt left with 0; `rollouts run --help` says 130."""
+    child = _spawn(tmp_path, "-m", "scripted/echo", "--no-session")
+    child.sendline("hello")
+    child.expect_exact("You said: hello")
+    child.expect_exact("> ")
+    child.sendintr()
+    child.expect_exact("Ctrl-C again")
+    child.sendintr()
+    assert _finish(child) == 130
+    # leaving with /exit or Ctrl-D is a normal end
+    child = _spawn(tmp_path, "-m", "scripted/echo", "--no-session")
+    child.sendeof()
     assert _finish(child) == 0

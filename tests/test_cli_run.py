@@ -362,3 +362,75 @@ def test_user_config_file_gives_defaults(tmp_path: Path) -> None:
     r = run_cli("run", "-p", "what is 2 + 3?", "--max-turns", "5", "--no-session", tmp=tmp_path)  # flags win
     assert r.returncode == 0, r.stderr
     assert "The answer is 5." in r.stdout
+
+
+# ------------------------------------------------------------------------------------------
+# Issue 13 item 14 (the smaller ones): what `run` accepts, prints and records
+# ------------------------------------------------------------------------------------------
+
+
+def test_smaller_event_from_dict_parses_every_line_run_json_prints(tmp_path: Path) -> None:
+    from rollouts.cli.render import RunEnd, UserMessage, event_to_dict
+
+    r = run_cli(
+        "run", "-m", "scripted/calculator", "--env", "calculator", "-p", "what is 2 + 3?", "--json", "--no-session",
+        tmp=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    records = r.json_lines()
+    parsed = [event_from_dict(d) for d in records]  # the first line and the last one included
+    assert parsed[0] == UserMessage("what is 2 + 3?")
+    assert isinstance(parsed[-1], RunEnd) and parsed[-1].stop == "task_completed" and parsed[-1].usage.output_tokens
+    assert [event_to_dict(e) for e in parsed] == records  # and back, line for line
+    with pytest.raises(ValueError, match="unknown event type 'nonsense'"):
+        event_from_dict({"type": "nonsense"})
+
+
+async def test_smaller_run_json_ends_with_run_end_on_a_rejected_key(tmp_path: Path) -> None:
+    import trio
+
+    from rollouts.testing import FakeTurn, open_fake_server
+
+    key = "team-FAKEKEY-rejected-0123456789"
+    turn = FakeTurn(status=401, error_message="Incorrect API key provided", error_code="invalid_api_key")
+    async with open_fake_server([turn]) as srv:
+        args = ["run", "-m", "openai-compatible/m", "--api-base", srv.base_url, "--api-key-env", "TEAM_KEY",
+                "-p", "hi", "--json", "--no-session"]  # fmt: skip
+        result = await trio.to_thread.run_sync(
+            lambda: run_cli(*args, tmp=tmp_path, env=cli_env(tmp_path, TEAM_KEY=key))
+        )
+    assert result.returncode == 1
+    records = result.json_lines()
+    types = [r["type"] for r in records]
+    assert types[0] == "user_message" and types[-1] == "run_end" and types.count("run_end") == 1
+    end = event_from_dict(records[-1])
+    assert end.stop == "provider_error" and "AuthenticationError" in (end.error or "")  # type: ignore[union-attr]
+    assert key not in result.stdout + result.stderr
+
+
+async def test_smaller_a_run_stopped_by_max_turns_is_recorded_as_max_turns(tmp_path: Path) -> None:
+    from rollouts.store import SessionStatus
+
+    r = run_cli(
+        "run", "-m", "scripted/calculator", "--env", "calculator", "-p", "what is 2 + 3?", "--max-turns", "1",
+        tmp=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 3, r.stderr
+    session, _ = await _session(tmp_path, r.stderr)
+    assert session.status == SessionStatus.MAX_TURNS  # not "completed"
+    r = run_cli("run", "-m", "scripted/echo", "-p", "hi", tmp=tmp_path)
+    session, _ = await _session(tmp_path, r.stderr)
+    assert session.status == SessionStatus.COMPLETED
+
+
+async def test_smaller_a_session_recovery_warning_is_one_clean_line(tmp_path: Path) -> None:
+    r = run_cli("run", "-m", "scripted/echo", "-p", "hi", tmp=tmp_path)
+    session, _ = await _session(tmp_path, r.stderr)
+    log = tmp_path / "sessions" / session.session_id / "messages.jsonl"  # type: ignore[attr-defined]
+    log.write_bytes(log.read_bytes() + b'{"role": "user", "con')  # a write torn by a crash
+    r = run_cli("run", "--session", session.session_id, "-p", "again", tmp=tmp_path)  # type: ignore[attr-defined]
+    assert r.returncode == 0, r.stderr
+    warning_lines = [line for line in r.stderr.splitlines() if "incomplete last line" in line]
+    assert warning_lines and all(line.startswith("rollouts: warning: ") for line in warning_lines), r.stderr
+    assert "SessionRecoveryWarning" not in r.stderr and "warnings.warn" not in r.stderr
+    assert "You said: again" in r.stdout

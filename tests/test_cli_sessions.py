@@ -105,7 +105,7 @@ async def test_ctrl_c_records_the_partial_message(tmp_path: Path) -> None:
     child.sendintr()
     child.expect(pexpect.EOF)
     child.close()
-    assert child.exitstatus == 0
+    assert child.exitstatus == 130  # left with Ctrl-C (issue 13 item 14)
     session, messages = await _read(tmp_path, sid)
     assert session.status == "aborted"
     last = messages[-1]
@@ -121,3 +121,33 @@ def test_no_key_in_session_files(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert any((tmp_path / "sessions").rglob("*"))
     assert files_containing(tmp_path, list(FAKE_KEYS.values())) == []
+
+
+async def test_item5_two_chats_continuing_one_session_the_later_one_gets_a_clear_error(tmp_path: Path) -> None:
+    first = run_cli("run", "-m", "scripted/echo", "-p", "one", tmp=tmp_path)
+    sid = _session_id(first.stderr)
+
+    def chat() -> Any:
+        child = pexpect.spawn(
+            CLI[0], [*CLI[1:], "run", "--session", sid], cwd=str(tmp_path), env=cli_env(tmp_path), encoding="utf-8"
+        )
+        child.timeout = 30
+        child.expect_exact("> ")  # resumed: it has read the session
+        return child
+
+    a, b = chat(), chat()  # both read the session at 2 messages
+    a.sendline("from A")
+    a.expect_exact("You said: from A")
+    a.expect_exact("> ")
+    b.sendline("from B")  # B's state is behind the session now: refused, nothing written
+    b.expect_exact(f"error: session {sid} now holds 4 messages, not the 2 this append expected")
+    b.expect_exact(f"rollouts run --session {sid}`) to continue from its latest message")
+    b.expect_exact("> ")  # the chat goes on; what it says next is refused the same way
+    b.sendline("/exit")
+    b.expect(pexpect.EOF)
+    b.close()
+    a.sendline("/exit")
+    a.expect(pexpect.EOF)
+    a.close()
+    _, messages = await _read(tmp_path, sid)
+    assert [m.text for m in messages] == ["one", "You said: one", "from A", "You said: from A"]

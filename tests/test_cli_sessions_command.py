@@ -142,3 +142,28 @@ def test_errors_and_help(tmp_path: Path) -> None:
     assert r.returncode == 0 and "examples:" in r.stdout and "rollouts sessions branch ID --at 4" in r.stdout
     r = run_cli("sessions", tmp=tmp_path)
     assert r.returncode == 2 and "list" in r.stdout
+
+
+def test_item13_list_and_tree_show_the_rest_and_mark_a_damaged_session(tmp_path: Path) -> None:
+    calc = _calculator_session(tmp_path)
+    branch = run_cli("sessions", "branch", calc, "--at", "3", tmp=tmp_path).stdout.strip()
+    sibling = run_cli("sessions", "branch", calc, "--at", "1", tmp=tmp_path).stdout.strip()
+    echo = _run(tmp_path, "-m", "scripted/echo", "-p", "still here")
+    (tmp_path / "sessions" / branch / "messages.jsonl").write_text('{"role": garbage\n')  # damaged log
+
+    r = run_cli("sessions", "list", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line for line in r.stdout.splitlines()[1:]}
+    assert set(rows) == {calc, branch, sibling, echo}
+    assert rows[branch].split()[1] == "DAMAGED" and "messages.jsonl:1: not valid JSON" in rows[branch]
+    assert "still here" in rows[echo] and " 7 " in rows[calc]
+    r = run_cli("sessions", "list", "--json", tmp=tmp_path)
+    records = {x["session_id"]: x for x in r.json_lines()}
+    assert "not valid JSON" in records[branch]["damaged"] and records[echo]["message_count"] == 2
+
+    r = run_cli("sessions", "tree", sibling, tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(calc) and "7 msgs" in lines[0]
+    assert re.match(rf"^(├── |\|-- )@3 {branch}  DAMAGED: .*not valid JSON", lines[1]), lines[1]
+    assert re.match(rf"^(└── |`-- )@1 {sibling}  pending +1 msgs .*<- this one$", lines[2]), lines[2]

@@ -296,3 +296,143 @@ def test_every_dataclass_is_frozen_and_sequence_fields_are_tuples() -> None:
     t = Trajectory(messages=[Message("user", "a")], completions=[Completion("p", "m")])  # type: ignore[arg-type]
     assert isinstance(t.messages, tuple) and isinstance(t.completions, tuple)
     assert isinstance(Score([Metric("a", 1.0)]).metrics, tuple)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------
+# Issue 13 item 4: frozen only at the top (nested dicts were the caller's, and mutable)
+# ------------------------------------------------------------------------------------------
+
+
+def test_frozen_only_at_the_top_nested_data_is_copied_and_read_only() -> None:
+    import copy
+    import pickle
+
+    from rollouts.frozen import FrozenDict, FrozenList, thaw
+
+    args = {"value": 5, "items": [1, {"a": [2]}]}
+    details = {"tool_name": "add", "result": {"lines": [1, 2]}}
+    meta = {"task": {"id": 1, "tags": ["x"]}}
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    extra = {"headers": {"X-Trace": "1"}, "stop": ["\n"]}
+    params = {"type": "object", "properties": {"value": {"type": "number"}}, "required": ["value"]}
+    call = ToolCall("c1", "add", args)
+    message = Message("tool", "ok", tool_call_id="c1", details=details)
+    trajectory = Trajectory(metadata=meta)
+    endpoint = Endpoint("openai", "gpt-4.1", thinking=thinking, extra_params=extra)
+    tool = Tool("add", "adds", params)
+    held = [
+        (call.arguments, args),
+        (message.details, details),
+        (trajectory.metadata, meta),
+        (endpoint.thinking, thinking),
+        (endpoint.extra_params, extra),
+        (tool.parameters, params),
+    ]
+    snapshot = copy.deepcopy([given for _, given in held])
+
+    # the caller editing its own dicts afterwards changes nothing inside the values
+    args["items"][1]["a"].append(3)
+    details["result"]["lines"].clear()
+    meta["task"]["tags"].append("y")
+    thinking["budget_tokens"] = 1
+    extra["headers"]["X-Trace"] = "2"
+    params["required"].append("other")
+    for (inside, _), before in zip(held, snapshot, strict=True):
+        assert inside == before  # still equal to the plain dicts that were passed
+        assert json.loads(json.dumps(inside)) == before  # and serialize like them
+
+    # nothing inside can be changed in place, at any depth
+    for attempt in (
+        lambda: call.arguments.__setitem__("value", 6),
+        lambda: call.arguments["items"].append(9),
+        lambda: call.arguments["items"][1]["a"].append(9),
+        lambda: message.details.update(x=1),
+        lambda: message.details["result"]["lines"].pop(),
+        lambda: trajectory.metadata["task"].setdefault("k", 1),
+        lambda: endpoint.thinking.pop("type"),
+        lambda: endpoint.extra_params["stop"].insert(0, "x"),
+        lambda: tool.parameters["properties"].clear(),
+    ):
+        with pytest.raises(TypeError, match="read-only"):
+            attempt()
+    assert isinstance(call.arguments, FrozenDict) and isinstance(call.arguments["items"], FrozenList)
+
+    # plain, mutable copies on the way out; pickling and copying keep the frozen values
+    out = call.to_dict()["arguments"]
+    out["items"].append(4)
+    assert type(out) is dict and type(out["items"]) is list
+    assert thaw(call.arguments) == {"value": 5, "items": [1, {"a": [2]}]}
+    assert pickle.loads(pickle.dumps(call)) == call
+    assert copy.deepcopy(message) == message
+    assert hash(call) == hash(ToolCall("c1", "add", {"value": 5, "items": [1, {"a": [2]}]}))
+
+
+def test_frozen_only_at_the_top_metadata_of_one_state_is_not_shared_with_the_next() -> None:
+    first = Trajectory(metadata={"seen": []})
+    second = first.append(Message("user", "hi"))
+    with pytest.raises(TypeError):
+        second.metadata["seen"].append(1)
+    assert first.metadata == {"seen": []}
+    assert dataclasses.replace(second, metadata={"seen": [1]}).metadata == {"seen": [1]}
+    assert first.metadata == {"seen": []}
+
+
+def test_frozen_only_at_the_top_a_wrong_type_is_a_clear_error() -> None:
+    with pytest.raises(TypeError, match=r"ToolCall\.arguments must be a mapping"):
+        ToolCall("c1", "add", ["not", "a", "dict"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Trajectory\.metadata must be a mapping"):
+        Trajectory(metadata=None)  # type: ignore[arg-type]
+
+
+def test_smaller_messages_and_endpoints_refuse_nonsense_with_clear_errors() -> None:
+    """Issue 13 item 14: `Message("user", None)` and `Endpoint(max_tokens=-5)` were accepted."""
+    with pytest.raises(TypeError, match=r'Message.content must be a str \(""'):
+        Message("user", None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="a tuple holding a dict"):
+        Message("assistant", ({"type": "text", "text": "hi"},))  # type: ignore[arg-type]
+    for bad in (-5, 0, 1.5, True, "100"):
+        with pytest.raises(ValueError, match=r"Endpoint\.max_tokens must be a positive whole number"):
+            Endpoint("openai", "gpt-4.1", max_tokens=bad)  # type: ignore[arg-type]
+    assert Message("user", "").text == "" and Endpoint("openai", "gpt-4.1", max_tokens=1).max_tokens == 1
+
+
+# ------------------------------------------------------------------------------------------
+# Issue 14 item 4: typed tool-message semantics
+# ------------------------------------------------------------------------------------------
+
+
+def test_typed_tool_message_semantics_accessors_and_constructor() -> None:
+    call = ToolCall("c1", "bash", {"command": "ls"})
+    failed = Message.tool_result(call, "exit 2", is_error=True, result_details={"exit_code": 2})
+    assert failed.is_error and failed.tool_name == "bash" and failed.tool_details == {"exit_code": 2}
+    assert failed.tool_call_id == "c1" and failed.role == "tool"
+    # the persisted form is the one every session and sample file already holds
+    assert failed.to_dict() == {
+        "role": "tool",
+        "content": "exit 2",
+        "tool_call_id": "c1",
+        "details": {"tool_name": "bash", "is_error": True, "result": {"exit_code": 2}},
+    }
+    assert Message.from_dict(failed.to_dict()).is_error
+    ok = Message.tool_result(call, "a.txt")
+    assert not ok.is_error and ok.tool_details is None and ok.to_dict()["details"] == {"tool_name": "bash"}
+    assert not Message("user", "hi", details={"is_error": True}).is_error  # only tool messages report errors
+    assert Message("assistant", "x").tool_name is None
+
+
+def test_typed_tool_message_semantics_tool_call_content_is_a_tool_call() -> None:
+    block = ToolCallContent("c1", "add", {"value": 5}, '{"value": 5}')
+    assert isinstance(block, ToolCall)  # one type wraps the other: the five fields are declared once
+    assert [f.name for f in dataclasses.fields(ToolCallContent)] == [
+        *(f.name for f in dataclasses.fields(ToolCall)),
+        "type",
+    ]
+    assert block.to_tool_call() == ToolCall("c1", "add", {"value": 5}, '{"value": 5}')
+    assert ToolCallContent.of(block.to_tool_call()) == block
+    assert block != block.to_tool_call()  # a block is not a plain call (dataclass equality)
+    message = Message("assistant", (block,))
+    assert message.to_dict()["content"] == [
+        {"id": "c1", "name": "add", "arguments": {"value": 5}, "raw_arguments": '{"value": 5}', "type": "tool_call"}
+    ]
+    assert block.to_dict() == {"id": "c1", "name": "add", "arguments": {"value": 5}, "raw_arguments": '{"value": 5}'}
+    assert Message.from_dict(message.to_dict()) == message

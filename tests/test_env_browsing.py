@@ -95,7 +95,7 @@ async def _call(env: BrowsingEnvironment, name: str, **args: Any):
 
 
 async def test_fetch_turns_html_into_text_with_numbered_links(site: str) -> None:
-    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"])
+    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], allow_private_addresses=True)
     r = await _call(env, "fetch", url=site + "/")
     assert not r.is_error, r.content
     text = r.content
@@ -110,7 +110,7 @@ async def test_fetch_turns_html_into_text_with_numbered_links(site: str) -> None
 
 
 async def test_follow_link_find_in_page_and_back(site: str) -> None:
-    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"])
+    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], allow_private_addresses=True)
     await _call(env, "fetch", url=site + "/")
     r = await _call(env, "follow_link", n=1)
     assert "Title: Page A" in r.content and "The answer is 42." in r.content
@@ -127,23 +127,33 @@ async def test_follow_link_find_in_page_and_back(site: str) -> None:
 
 async def test_host_allow_and_deny_lists(site: str) -> None:
     port = site.rsplit(":", 1)[1]
-    r = await _call(BrowsingEnvironment(allow_hosts=["127.0.0.1"]), "fetch", url=f"http://localhost:{port}/a")
+    r = await _call(
+        BrowsingEnvironment(allow_hosts=["127.0.0.1"], allow_private_addresses=True),
+        "fetch",
+        url=f"http://localhost:{port}/a",
+    )
     assert r.is_error and "not on this environment's allow list" in r.content
     r = await _call(BrowsingEnvironment(deny_hosts=["127.0.0.*"]), "fetch", url=site + "/a")
     assert r.is_error and "deny list" in r.content
-    r = await _call(BrowsingEnvironment(allow_hosts=[f"127.0.0.1:{port}"]), "fetch", url=site + "/a")
+    r = await _call(
+        BrowsingEnvironment(allow_hosts=[f"127.0.0.1:{port}"], allow_private_addresses=True), "fetch", url=site + "/a"
+    )
     assert not r.is_error
     r = await _call(BrowsingEnvironment(allow_hosts=["127.0.0.1:1"]), "fetch", url=site + "/a")
     assert r.is_error
     r = await _call(BrowsingEnvironment(), "fetch", url="file:///etc/passwd")
     assert r.is_error and "Only http and https" in r.content
     # A redirect is checked too: the allowed host cannot bounce the browser to another host.
-    r = await _call(BrowsingEnvironment(allow_hosts=["127.0.0.1"]), "fetch", url=site + "/to-localhost")
+    r = await _call(
+        BrowsingEnvironment(allow_hosts=["127.0.0.1"], allow_private_addresses=True),
+        "fetch",
+        url=site + "/to-localhost",
+    )
     assert r.is_error and "'localhost' is not on this environment's allow list" in r.content
 
 
 async def test_redirects_are_followed_up_to_the_limit(site: str) -> None:
-    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], max_redirects=3)
+    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], allow_private_addresses=True, max_redirects=3)
     r = await _call(env, "fetch", url=site + "/go-a")
     assert not r.is_error and env.url == site + "/a" and "Alpha content" in r.content
     r = await _call(env, "fetch", url=site + "/loop")
@@ -151,7 +161,7 @@ async def test_redirects_are_followed_up_to_the_limit(site: str) -> None:
 
 
 async def test_content_types(site: str) -> None:
-    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"])
+    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], allow_private_addresses=True)
     r = await _call(env, "fetch", url=site + "/data.json")
     assert not r.is_error and '"name": "rollouts"' in r.content and '  "tags": [' in r.content
     r = await _call(env, "fetch", url=site + "/plain.txt")
@@ -167,12 +177,14 @@ async def test_content_types(site: str) -> None:
 
 
 async def test_size_caps_and_paging(site: str) -> None:
-    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], max_bytes=50_000, view_chars=2_000)
+    env = BrowsingEnvironment(
+        allow_hosts=["127.0.0.1"], allow_private_addresses=True, max_bytes=50_000, view_chars=2_000
+    )
     r = await _call(env, "fetch", url=site + "/big")
     assert not r.is_error
     assert "larger than 50000 bytes" in env.text and len(env.text) < 52_000
     assert len(r.content) < 2_400 and "Use read_page(offset=2000)" in r.content
-    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], view_chars=500)
+    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], allow_private_addresses=True, view_chars=500)
     await _call(env, "fetch", url=site + "/long")
     hit = (await _call(env, "find_in_page", text="row 4321")).content
     offset = int(hit.split("(offset ")[1].split(")")[0])
@@ -181,7 +193,7 @@ async def test_size_caps_and_paging(site: str) -> None:
 
 
 async def test_timeout_is_a_clear_error(site: str) -> None:
-    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], timeout=0.3)
+    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], allow_private_addresses=True, timeout=0.3)
     r = await _call(env, "fetch", url=site + "/slow")
     assert r.is_error and "Timed out" in r.content
 
@@ -208,7 +220,7 @@ async def test_search_is_absent_by_default_and_pluggable(site: str) -> None:
     r = await _call(BrowsingEnvironment(), "search", query="x")
     assert r.is_error and "Unknown tool" in r.content
     backend = _ListSearch([["Page A", site + "/a", "alpha page"], ["Bee", site + "/b.html", "buzz"]])
-    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], search=backend)
+    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], allow_private_addresses=True, search=backend)
     assert "search" in [t.name for t in env.get_tools()]
     r = await _call(env, "search", query="alpha")
     assert r.content == f"1. Page A\n   {site}/a\n   alpha page"
@@ -217,7 +229,7 @@ async def test_search_is_absent_by_default_and_pluggable(site: str) -> None:
 
 
 async def test_agent_browses_and_the_page_survives_a_round_trip_mid_run(site: str) -> None:
-    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"])
+    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], allow_private_addresses=True)
     first = await run(env, [tool_call("fetch", url=site + "/"), "looked"], prompt="What is the answer on page A?")
     mid = first[-1]
     assert mid.environment is not None
@@ -238,7 +250,7 @@ async def test_agent_browses_and_the_page_survives_a_round_trip_mid_run(site: st
 
 
 async def test_back_keeps_history_when_the_page_is_gone(site: str) -> None:
-    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"])
+    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], allow_private_addresses=True)
     await _call(env, "fetch", url=site + "/b.html")
     await _call(env, "fetch", url=site + "/a")
     _Handler.routes.pop("/b.html")
@@ -280,7 +292,84 @@ def test_malformed_html_parses_in_linear_time() -> None:
 
 async def test_a_hostile_page_is_fetched_and_read_quickly(site: str) -> None:
     _Handler.routes["/hostile"] = (200, "text/html", b"<html><body>" + b"<a " * 200_000, {})
-    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"])
+    env = BrowsingEnvironment(allow_hosts=["127.0.0.1"], allow_private_addresses=True)
     with trio.fail_after(10):
         r = await _call(env, "fetch", url=site + "/hostile")
     assert not r.is_error and r.content.count("<a") > 100
+
+
+# ---- item 7: only public addresses unless allowed ---------------------------------------------
+
+
+async def test_item7_private_and_local_addresses_are_refused_by_default(site: str) -> None:
+    port = site.rsplit(":", 1)[1]
+    env = BrowsingEnvironment()  # no allow list: anything public, nothing else
+    for url, kind in (
+        (site + "/a", "loopback"),
+        (f"http://localhost:{port}/a", "loopback"),  # refused after DNS resolution
+        (f"http://2130706433:{port}/a", "loopback"),  # 127.0.0.1 spelled as a number
+        (f"http://[::1]:{port}/a", "loopback"),
+        (f"http://[::ffff:127.0.0.1]:{port}/a", "loopback"),
+        ("http://169.254.169.254/latest/meta-data/", "link-local"),
+        ("http://10.1.2.3/", "private"),
+        ("http://192.168.0.1/", "private"),
+        ("http://0.0.0.0/", "unspecified"),
+    ):
+        r = await _call(env, "fetch", url=url)
+        assert r.is_error and kind in r.content, (url, r.content)
+        assert "BrowsingEnvironment(allow_private_addresses=True)" in r.content
+    assert env.url is None and env.history == []
+    # the explicit opt-in (with or without an allow list), kept through serialize/deserialize
+    opted = BrowsingEnvironment(allow_private_addresses=True)
+    assert not (await _call(opted, "fetch", url=f"http://localhost:{port}/a")).is_error
+    restored = await BrowsingEnvironment.deserialize(json.loads(json.dumps(await opted.serialize())))
+    assert restored.allow_private_addresses and not (await _call(restored, "fetch", url=site + "/a")).is_error
+
+
+@pytest.fixture
+def fake_dns(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
+    """Host names the browser's backend resolves to given addresses, counting every lookup, and
+    127.0.0.1 treated as a public address, so the test server stands for a public site."""
+    from rollouts.environments import _addresses
+
+    table: dict[str, list[str]] = {}
+    lookups: list[str] = []
+    real_kind = _addresses.address_kind
+
+    async def resolve(self: object, host: str, port: int) -> list[str]:
+        lookups.append(host)
+        return list(table[host])
+
+    monkeypatch.setattr(_addresses.PublicOnlyBackend, "_resolve", resolve)
+    monkeypatch.setattr(_addresses, "address_kind", lambda a: None if a == "127.0.0.1" else real_kind(a))
+    table["lookups"] = lookups  # type: ignore[assignment]
+    return table
+
+
+async def test_item7_every_redirect_hop_is_checked_after_resolution(site: str, fake_dns: dict[str, list[str]]) -> None:
+    port = site.rsplit(":", 1)[1]
+    fake_dns["public.test"] = ["127.0.0.1"]
+    fake_dns["internal.test"] = ["10.0.0.5"]
+    fake_dns["mixed.test"] = ["127.0.0.1", "192.168.1.9"]
+    _Handler.routes["/to-internal"] = (302, "text/plain", b"", {"Location": f"http://internal.test:{port}/a"})
+    _Handler.routes["/to-metadata"] = (302, "text/plain", b"", {"Location": "http://169.254.169.254/latest/"})
+    env = BrowsingEnvironment()
+    r = await _call(env, "fetch", url=f"http://public.test:{port}/a")
+    assert not r.is_error and "The answer is 42." in r.content  # a public site is fetched
+    r = await _call(env, "fetch", url=f"http://public.test:{port}/to-internal")
+    assert r.is_error and "internal.test (it resolves to 10.0.0.5): a private address" in r.content
+    r = await _call(env, "fetch", url=f"http://public.test:{port}/to-metadata")
+    assert r.is_error and "169.254.169.254: a link-local address" in r.content
+    r = await _call(env, "fetch", url=f"http://mixed.test:{port}/a")  # one private address is enough
+    assert r.is_error and "mixed.test (it resolves to 192.168.1.9): a private address" in r.content
+
+
+async def test_item7_the_connection_goes_to_the_address_checked(site: str, fake_dns: dict[str, list[str]]) -> None:
+    """DNS rebinding: a name that resolves to a public address when checked and to a private one
+    a moment later. The browser resolves once per connection and connects to what it checked:
+    the system resolver, which does not know `rebind.test`, is never asked."""
+    port = site.rsplit(":", 1)[1]
+    fake_dns["rebind.test"] = ["127.0.0.1"]
+    r = await _call(BrowsingEnvironment(), "fetch", url=f"http://rebind.test:{port}/a")
+    assert not r.is_error and "The answer is 42." in r.content, r.content
+    assert fake_dns["lookups"] == ["rebind.test"]

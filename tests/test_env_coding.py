@@ -433,3 +433,68 @@ async def test_cancelling_the_run_mid_bash_aborts_cleanly_without_orphans(root: 
     assert await wait_session_empty(pids[0]) == []
     for pid in pids:
         assert await wait_dead(pid), f"process {pid} outlived the cancelled run"
+
+
+def _processes_with(token: str, *, sleeps_only: bool = False) -> list[int]:
+    """Every live (non-zombie) process on the machine whose command line holds `token` (only
+    the `sleep TOKEN` processes themselves with `sleeps_only`): a full listing of /proc, so a
+    process that left the command's session and group is found too."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        hit = cmdline == b"sleep\0" + token.encode() + b"\0" if sleeps_only else token.encode() in cmdline
+        if hit and is_running(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def _token() -> str:
+    return f"933.{os.getpid()}{trio.current_time():.0f}{id(object()) % 100000}"  # sleep takes a fraction
+
+
+# Every way out of the group: setsid, a double fork into a new session, nohup + setsid.
+_ESCAPES = 'setsid sleep {t} & (setsid sh -c "sleep {t} & exit" &) ; nohup setsid sleep {t} >/dev/null 2>&1 & '
+
+
+async def test_item6_setsid_background_jobs_do_not_outlive_the_command(root: Path) -> None:
+    env = CodingEnvironment(root)
+    t = _token()
+    r = await _call(env, "bash", command=f"setsid sleep {t} & echo x")
+    assert not r.is_error and r.content.startswith("x\n"), r.content
+    assert _processes_with(t) == [], "a setsid'd background job outlived the command"
+    r = await _call(
+        env, "bash", command=_ESCAPES.format(t=t) + f"while [ $(pgrep -xfc 'sleep {t}') -lt 3 ]; do :; done"
+    )
+    assert not r.is_error, r.content
+    assert _processes_with(t) == [], "a detached process outlived the command"
+
+
+async def test_item6_setsid_processes_are_killed_at_the_timeout(root: Path) -> None:
+    env = CodingEnvironment(root, bash_timeout=1)
+    t = _token()
+    r = await _call(env, "bash", command=_ESCAPES.format(t=t) + "echo started; sleep 300")
+    assert r.is_error and "Timed out after 1s" in r.content and "started" in r.content
+    assert r.details is not None and r.details["timed_out"] is True
+    assert _processes_with(t) == [], "a detached process outlived the timeout"
+
+
+async def test_item6_setsid_processes_are_killed_on_cancellation(root: Path) -> None:
+    env = CodingEnvironment(root, bash_timeout=300)
+    t = _token()
+    with trio.move_on_after(60) as guard:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: _call(env, "bash", command=_ESCAPES.format(t=t) + "sleep 300"))
+            for _ in range(3000):  # until the three detached processes run
+                if len(_processes_with(t, sleeps_only=True)) == 3:
+                    break
+                await trio.sleep(0.01)
+            assert len(_processes_with(t, sleeps_only=True)) == 3
+            nursery.cancel_scope.cancel()
+    assert not guard.cancelled_caught
+    assert _processes_with(t) == [], "a detached process outlived the cancellation"

@@ -62,23 +62,31 @@ async def env(repo: Path, tmp_path: Path):
 @pytest.mark.parametrize("name", ["main", "master", "trunk"])
 async def test_default_branch_is_detected_whatever_its_name(tmp_path: Path, name: str) -> None:
     repo = make_repo(tmp_path / "r", branch=name)
+    git(repo, "checkout", "-q", "--detach")  # no branch checked out: fall back to the usual names
+    assert await default_branch(str(repo)) == name
+
+
+async def test_item12_default_branch_is_the_checked_out_branch_not_a_stale_master(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", branch="master")
     git(repo, "checkout", "-q", "-b", "feature")
     (repo / "calc.py").write_text("feature work\n")
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "feature")
-    assert await default_branch(str(repo)) == name
+    assert await default_branch(str(repo)) == "feature"
     env = await GitWorktreeEnvironment.create(repo)
     try:
-        assert env.base_commit == git(repo, "rev-parse", name)
-        assert (Path(env.root) / "calc.py").read_text() == BUGGY
+        assert env.base_commit == git(repo, "rev-parse", "feature")
+        assert (Path(env.root) / "calc.py").read_text() == "feature work\n"
     finally:
         await env.aclose()
 
 
-async def test_default_branch_of_a_clone_follows_origin_head(tmp_path: Path) -> None:
+async def test_default_branch_of_a_clone_with_detached_head_follows_origin_head(tmp_path: Path) -> None:
     upstream = make_repo(tmp_path / "upstream", branch="trunk")
     git(tmp_path, "clone", "-q", str(upstream), "clone")
     clone = tmp_path / "clone"
     git(clone, "checkout", "-q", "-b", "main")  # a local branch with a "default-looking" name
+    assert await default_branch(str(clone)) == "main"  # the checked-out branch comes first
+    git(clone, "checkout", "-q", "--detach")
     assert await default_branch(str(clone)) == "trunk"
     git(clone, "branch", "-q", "-D", "trunk")  # only origin/trunk is left
     assert await default_branch(str(clone)) == "origin/trunk"

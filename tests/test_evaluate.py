@@ -28,7 +28,6 @@ from rollouts import (
     ScriptedModel,
     ScriptedReply,
     ScriptedToolCall,
-    TextDelta,
     Tool,
     ToolCall,
     ToolResult,
@@ -40,6 +39,7 @@ from rollouts import (
 from rollouts.errors import AuthenticationError, ConfigurationError, ProviderError
 from rollouts.eval.progress import ProgressBar
 from rollouts.eval.summary import flat_summary, group_samples, summarize, summarize_groups
+from rollouts.events import TextDelta
 from rollouts.providers.scripted import ScriptedRequest
 
 
@@ -85,17 +85,22 @@ class _InFlight:
 
 async def test_results_in_dataset_order_whatever_the_completion_order() -> None:
     n = 12
+    ended = [trio.Event() for _ in range(n)]
 
     async def reply(req: ScriptedRequest) -> str:
         i = int(req.last_user_text)
-        await trio.sleep(0.002 * (n - i))  # later rows finish first
+        if i + 1 < n:
+            await ended[i + 1].wait()  # later rows finish first (ordered by events, not by timing)
         return f"answer {i}"
 
     finished: list[str] = []
+
+    def on_end(s: Sample) -> None:
+        finished.append(s.id)
+        ended[int(s.id)].set()
+
     model = ScriptedModel(reply)
-    report = await evaluate(
-        [{"q": i} for i in range(n)], _config(model, max_concurrent=n, on_sample_end=lambda s: finished.append(s.id))
-    )
+    report = await evaluate([{"q": i} for i in range(n)], _config(model, max_concurrent=n, on_sample_end=on_end))
     assert [s.id for s in report.samples] == [str(i) for i in range(n)]
     assert finished != [str(i) for i in range(n)], "completion order should differ from dataset order"
     assert finished[0] == str(n - 1)

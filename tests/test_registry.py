@@ -16,8 +16,6 @@ from rollouts import (
     RunConfig,
     StopReason,
     Trajectory,
-    get_provider_function,
-    known_providers,
     register_provider,
     rollout,
     run_agent,
@@ -25,7 +23,7 @@ from rollouts import (
 from rollouts.dtypes import Endpoint
 from rollouts.errors import UnknownProviderError
 from rollouts.events import OnChunk
-from rollouts.providers import _REGISTERED, _RESOLVERS
+from rollouts.providers import _REGISTERED, _RESOLVERS, get_provider_function, known_providers
 from rollouts.providers.scripted import ScriptedModel, stream_scripted
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +81,7 @@ def test_using_one_provider_never_imports_the_other_sdks() -> None:
     code = (
         "import sys, trio\n"
         "from rollouts import *\n"
+        "from rollouts.providers import get_provider_function\n"
         "m = ScriptedModel(['hi'])\n"
         "trio.run(run_agent, AgentState(Actor(Trajectory((Message('user', 'q'),)), m.endpoint)), RunConfig())\n"
         "get_provider_function('openai', 'gpt-4o')\n"

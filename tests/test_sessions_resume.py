@@ -26,12 +26,11 @@ from rollouts import (
     ScriptedReply,
     ScriptedToolCall,
     StopReason,
-    TextDelta,
     ToolCallContent,
     Trajectory,
     run_agent,
 )
-from rollouts.events import StreamEvent
+from rollouts.events import StreamEvent, TextDelta
 from rollouts.store import (
     FileSessionStore,
     SessionError,

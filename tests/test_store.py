@@ -17,12 +17,14 @@ from rollouts import Endpoint, ImageContent, Message, TextContent, ThinkingConte
 from rollouts.store import (
     AgentSession,
     FileSessionStore,
+    SessionConflictError,
     SessionCorruptError,
     SessionError,
     SessionNotFoundError,
     SessionRecoveryWarning,
     SessionStatus,
     SessionStore,
+    _log,
     new_session_id,
 )
 
@@ -336,3 +338,127 @@ async def test_no_key_in_any_file_and_the_protocol_holds(tmp_path: Path, monkeyp
     assert FileSessionStore(tmp_path / "explicit").root == tmp_path / "explicit"
     monkeypatch.delenv("ROLLOUTS_SESSIONS_DIR")
     assert FileSessionStore().root == Path("~/.rollouts/sessions").expanduser()
+
+
+async def test_item5_an_append_conditional_on_the_count_writes_nothing_when_the_session_grew(tmp_path: Path) -> None:
+    store = FileSessionStore(tmp_path)
+    other = FileSessionStore(tmp_path)  # another writer (its own tail cache), as another process
+    parent = await _session_with(store, _conversation(4))
+    b = await store.branch(parent.session_id, 2)  # counts include the 2 messages read through the parent
+    sid = b.session_id
+    await store.append_message(sid, Message("user", "one"), expected_count=2)
+    await store.append_messages(sid, [Message("assistant", "two"), Message("user", "three")], expected_count=3)
+    await other.append_message(sid, Message("user", "from elsewhere"), expected_count=5)
+    log = tmp_path / sid / "messages.jsonl"
+    before = log.read_bytes()
+    for stale in (5, 2, 9):
+        with pytest.raises(SessionConflictError, match=rf"now holds 6 messages, not the {stale} this append expected"):
+            await store.append_message(sid, Message("assistant", "stale"), expected_count=stale)
+        with pytest.raises(SessionConflictError):
+            await store.append_messages(sid, [Message("assistant", "a"), Message("user", "b")], expected_count=stale)
+    assert log.read_bytes() == before
+    await store.update(sid, environment_state={"k": 1})  # a snapshot line is not a message
+    await store.append_message(sid, Message("assistant", "four"), expected_count=6)
+    await store.append_message(sid, Message("user", "unconditional"))
+    got = [m.text for m in (await store.get(sid))[1]]
+    assert got[2:] == ["one", "two", "three", "from elsewhere", "four", "unconditional"]
+    assert await store.message_count(sid) == 8
+
+
+async def test_item19_append_messages_is_one_write_and_keeps_fsync_every(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    writes: list[int] = []
+    real_fsync, real_write = os.fsync, os.write
+
+    def is_log(fd: int) -> bool:
+        return os.readlink(f"/proc/self/fd/{fd}").endswith("messages.jsonl")
+
+    def counting_fsync(fd: int) -> None:
+        if is_log(fd):
+            synced.append(fd)
+        real_fsync(fd)
+
+    def counting_write(fd: int, data: bytes) -> int:  # type: ignore[override]
+        if is_log(fd):
+            writes.append(bytes(data).count(b"\n"))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    monkeypatch.setattr(os, "write", counting_write)
+    batches = (2, 3, 1, 4)  # 10 messages
+    # a batch is fsynced when it brings the unsynced messages to fsync_every or more: never more
+    # than fsync_every - 1 acknowledged messages wait for an fsync, as with one message at a time
+    for every, expected_syncs, at_close in ((1, 4, 0), (3, 2, 0), (4, 2, 0), (6, 1, 1), (0, 0, 1)):
+        async with FileSessionStore(tmp_path, fsync_every=every) as store:
+            s = await store.create(endpoint=EP)
+            synced.clear()
+            writes.clear()
+            n = 0
+            for size in batches:
+                batch = [Message("user", f"{n + i}") for i in range(size)]
+                await store.append_messages(s.session_id, batch, environment_state={"n": n + size})
+                n += size
+            assert writes == list(batches), every  # one write per batch, whole lines
+            assert len(synced) == expected_syncs, every
+            synced.clear()
+        assert len(synced) == at_close, every
+        session, got = await store.get(s.session_id)
+        assert [m.text for m in got] == [str(i) for i in range(10)] and session.environment_state == {"n": 10}
+
+
+def test_item19_the_fast_codec_gives_exactly_what_to_dict_and_from_dict_give() -> None:
+    from rollouts.store._codec import message_from_dict, message_to_dict
+
+    extra = [
+        Message("assistant", (TextContent(""),), usage=Usage()),  # an all-zero usage is falsy: None
+        Message("assistant", ""),
+        Message("user", (ImageContent(url="https://x/y.png"), TextContent("and this?"))),
+        Message("tool", "out", tool_call_id="c1", details={"tool_name": "bash", "result": {"exit": [1, 2]}}),
+    ]
+    for m in [*_conversation(9), *extra]:
+        assert json.dumps(message_to_dict(m)) == json.dumps(m.to_dict())  # same keys, same order
+        line = _log.encode_message(m)
+        fast, slow = message_from_dict(json.loads(line)), Message.from_dict(json.loads(line))
+        assert fast == slow and repr(fast) == repr(slow) and hash(fast.role) == hash(slow.role)
+        assert fast.to_dict() == slow.to_dict() and _log.encode_message(fast) == line
+        assert [type(b) for b in fast.blocks] == [type(b) for b in slow.blocks]
+    # the same leniency and the same errors as Message.from_dict
+    assert message_from_dict({"role": "user", "future_field": 1}) == Message.from_dict(
+        {"role": "user", "future_field": 1}
+    )
+    assert message_from_dict({"role": "user", "content": None}) == Message("user", "")
+    for bad, error in (
+        ({"content": "no role"}, TypeError),
+        ({"role": "wizard", "content": "x"}, ValueError),
+        ({"role": "tool", "content": "no call id"}, ValueError),
+        ({"role": "user", "content": [{"type": "video"}]}, ValueError),
+        ({"role": "user", "content": [{"type": "text", "text": "x", "bold": True}]}, TypeError),
+        ({"role": "user", "content": [{"type": "image"}]}, ValueError),
+        ({"role": "user", "content": ["just a string"]}, ValueError),
+    ):
+        with pytest.raises(error):
+            message_from_dict(bad)
+
+
+async def test_item19_appends_write_on_the_loop_and_only_the_fsync_goes_to_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hops: list[str] = []
+    real = trio.to_thread.run_sync
+
+    async def counting(fn, *args, **kw):  # type: ignore[no-untyped-def]
+        hops.append(getattr(fn, "__name__", "?"))
+        return await real(fn, *args, **kw)
+
+    for every, expected in ((0, []), (5, ["fsync_file", "fsync_file"])):
+        store = FileSessionStore(tmp_path, fsync_every=every)
+        sid = (await store.create(endpoint=EP)).session_id
+        monkeypatch.setattr(trio.to_thread, "run_sync", counting)
+        hops.clear()
+        for i in range(10):  # conditional, as the agent loop appends
+            await store.append_message(sid, Message("user", str(i)), expected_count=i)
+        assert hops == expected, every
+        monkeypatch.setattr(trio.to_thread, "run_sync", real)
+        assert len((await store.get(sid))[1]) == 10

@@ -151,3 +151,108 @@ async def test_ids_are_unique_across_processes_and_sort_by_creation(tmp_path: Pa
         assert out == sorted(out)  # each process's sessions in creation order
     listed = await FileSessionStore(tmp_path).list()
     assert [s.session_id for s in listed] == sorted(ids, reverse=True)
+
+
+# Continues a session the way `rollouts run --session` does: resume, add a user message, run
+# the agent. Prints "resumed" after reading the session; with "wait" it then waits for a line on
+# stdin before continuing; with "block" the model waits for a line on stdin (after printing
+# "in model"). Ends printing "done" (exit 0) or "conflict: ..." (exit 3).
+_CONTINUER = """
+import sys, trio
+from rollouts import Message, RunConfig, ScriptedModel, run_agent
+from rollouts.store import FileSessionStore, SessionConflictError, resume_session
+
+root, sid, name, wait, block = sys.argv[1:6]
+
+async def reply(req):
+    if block == "block":
+        print("in model", flush=True)
+        await trio.to_thread.run_sync(sys.stdin.readline)
+    return f"answer to {name}"
+
+async def main():
+    store = FileSessionStore(root)
+    model = ScriptedModel(reply)
+    state = await resume_session(store, sid, endpoint=model.endpoint)
+    print("resumed", flush=True)
+    if wait == "wait":
+        await trio.to_thread.run_sync(sys.stdin.readline)
+    try:
+        await run_agent(state.with_messages(Message("user", f"question {name}")), RunConfig(session_store=store))
+    except SessionConflictError as e:
+        print(f"conflict: {e}", flush=True)
+        sys.exit(3)
+    print("done", flush=True)
+
+trio.run(main)
+"""
+
+
+def _continuer(root: Path, sid: str, name: str, wait: str, block: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", _CONTINUER, str(root), sid, name, wait, block],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _expect(proc: subprocess.Popen[str], line: str) -> None:
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == line
+
+
+def _tell(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+
+
+async def _two_message_session(root: Path) -> str:
+    store = FileSessionStore(root)
+    s = await store.create(endpoint=Endpoint("scripted", "x"))
+    await store.append_messages(s.session_id, [Message("user", "first"), Message("assistant", "reply")])
+    return s.session_id
+
+
+def _texts(root: Path, sid: str) -> list[str]:
+    lines = (root / sid / "messages.jsonl").read_text().splitlines()
+    return [Message.from_dict(json.loads(line)).text for line in lines if line.startswith('{"role"')]
+
+
+async def test_item5_a_continuation_that_finds_the_session_grown_stops_and_loses_nothing(tmp_path: Path) -> None:
+    """B reads the session, A continues it (its user message is recorded), then B continues:
+    before, B saw the count it expected, skipped its own message and answered it anyway."""
+    sid = await _two_message_session(tmp_path)
+    b = _continuer(tmp_path, sid, "B", "wait", "free")
+    _expect(b, "resumed")
+    a = _continuer(tmp_path, sid, "A", "now", "block")
+    _expect(a, "resumed")
+    _expect(a, "in model")  # A's user message is recorded, its answer not yet
+    _tell(b)
+    out_b, _ = b.communicate(timeout=60)
+    assert b.returncode == 3 and "conflict: session" in out_b and "continued elsewhere" in out_b, out_b
+    _tell(a)
+    out_a, _ = a.communicate(timeout=60)
+    assert a.returncode == 0 and "done" in out_a, out_a
+    assert _texts(tmp_path, sid) == ["first", "reply", "question A", "answer to A"]
+
+
+async def test_item5_two_processes_continuing_one_session_never_interleave_turns(tmp_path: Path) -> None:
+    """A is waiting for its model when B continues after A's user message: B's turn is recorded
+    whole, and A's answer, which would now follow B's turn, is refused with a clear error."""
+    sid = await _two_message_session(tmp_path)
+    a = _continuer(tmp_path, sid, "A", "now", "block")
+    _expect(a, "resumed")
+    _expect(a, "in model")
+    b = _continuer(tmp_path, sid, "B", "now", "free")
+    out_b, _ = b.communicate(timeout=60)
+    assert b.returncode == 0 and "done" in out_b, out_b
+    _tell(a)
+    out_a, _ = a.communicate(timeout=60)
+    assert a.returncode == 3 and "conflict: session" in out_a and "nothing was written" in out_a, out_a
+    # every acknowledged message, no turn split by another: A's question stays unanswered
+    assert _texts(tmp_path, sid) == ["first", "reply", "question A", "question B", "answer to B"]
+    store = FileSessionStore(tmp_path)
+    session, _ = await store.get(sid)
+    assert session.status.value == "completed"  # B's outcome; A's failure does not overwrite it

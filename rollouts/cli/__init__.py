@@ -7,8 +7,11 @@ fast and a piece that is not installed gives a clear error instead of breaking e
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from rollouts.cli.common import (
@@ -17,10 +20,9 @@ from rollouts.cli.common import (
     HelpFormatter,
     RedactingStream,
     key_variable_names,
-    redact,
-    secret_values,
     unwrap_group,
 )
+from rollouts.redaction import redact_text, register_secret_env
 
 EXAMPLES = """\
 examples:
@@ -99,32 +101,48 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _guard_output(secrets: list[str], names: tuple[str, ...]) -> None:
-    """From now on, the values of the variables `names` never reach stdout or stderr."""
-    new = [v for v in secret_values(names) if v not in secrets]
-    if not new:
+def _guard_output(names: tuple[str, ...]) -> None:
+    """From now on, the values of the variables `names` (and every other known secret) never
+    reach stdout or stderr, not even cut into pieces across writes."""
+    register_secret_env(*names)
+    if isinstance(sys.stdout, RedactingStream) and isinstance(sys.stderr, RedactingStream):
         return
-    secrets.extend(new)
+    for name in ("stdout", "stderr"):
+        if not isinstance(getattr(sys, name), RedactingStream):
+            setattr(sys, name, RedactingStream(getattr(sys, name)))
+    atexit.register(_release_output)  # (also after a traceback printed at exit)
+
+
+def _release_output() -> None:
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if isinstance(stream, RedactingStream):
-            stream.add(new)
-        else:
-            setattr(sys, name, RedactingStream(stream, secrets))
+            stream.release()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    finally:
+        _release_output()  # what the redacting streams hold back: the output ends here
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    secrets: list[str] = []
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        # Started with SIGINT ignored (a background job of a non-interactive shell, some CI
+        # runners): Ctrl-C / `kill -INT` still means "stop cleanly, keep what is done", as it does
+        # once the commands' own SIGINT receivers are installed (they override SIG_IGN anyway).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         # before parsing too: argparse repeats arguments it does not know (`--apikey $KEY`)
-        _guard_output(secrets, key_variable_names())
+        _guard_output(key_variable_names())
         parser = build_parser(args_list)
         args = parser.parse_args(args_list)
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
-        _guard_output(secrets, key_variable_names(args))  # + the variables named by flags
+        _guard_output(key_variable_names(args))  # + the variables named by flags
         try:
             return int(args.func(args) or 0)
         except BaseExceptionGroup as group:
@@ -133,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             raise single from None
     except CLIError as e:
-        print(f"rollouts: error: {redact(str(e), secrets)}", file=sys.stderr)
+        print(f"rollouts: error: {redact_text(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -144,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not isinstance(e, RolloutsError):
             raise
         code = 2 if isinstance(e, ConfigurationError) else 1
-        message = " ".join(redact(str(e), secrets).split())  # one line
+        message = " ".join(redact_text(str(e)).split())  # one line
         print(f"rollouts: error: {message}", file=sys.stderr)
         return code
 

@@ -7,17 +7,24 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from rollouts.config import BaseModelConfig, RolloutsConfig, load_config, resolve_model
 from rollouts.dtypes import Endpoint
 from rollouts.errors import RolloutsError
+from rollouts.redaction import StreamRedactor
 from rollouts.store.files import DEFAULT_SESSIONS_DIR, SESSIONS_DIR_ENV
+
+if TYPE_CHECKING:
+    from rollouts.environments import Environment
+    from rollouts.store import FileSessionStore
 
 ENVIRONMENTS: dict[str, str] = {
     "basic": "rollouts.environments.basic:BasicEnvironment",
@@ -139,8 +146,8 @@ def check_model_available(endpoint: Endpoint, user_modules: bool = False) -> Non
     With `user_modules`, call it after importing them (--score, --prepare): they may define some."""
     if endpoint.provider != "scripted":
         return
-    from rollouts.cli.scripted_models import BUILTIN_SCRIPTED_MODELS
     from rollouts.providers.scripted import get_scripted_model
+    from rollouts.providers.scripted_models import BUILTIN_SCRIPTED_MODELS
 
     try:
         get_scripted_model(endpoint.model)
@@ -178,7 +185,26 @@ def sessions_dir(args: argparse.Namespace, config: RolloutsConfig) -> Path:
     return Path(str(chosen)).expanduser()
 
 
-def open_session_store(root: Path) -> Any:
+@contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Inside, a SessionRecoveryWarning (the store repaired or skipped crash damage) prints as
+    one line, `rollouts: warning: ...` on stderr, not as Python's warning with a source line."""
+    from rollouts.store import SessionRecoveryWarning
+
+    with warnings.catch_warnings():
+        show = warnings.showwarning
+
+        def show_line(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+            if issubclass(category, SessionRecoveryWarning):
+                print(f"rollouts: warning: {' '.join(str(message).split())}", file=sys.stderr)
+            else:
+                show(message, category, *args, **kwargs)
+
+        warnings.showwarning = show_line
+        yield
+
+
+def open_session_store(root: Path) -> FileSessionStore:
     """The FileSessionStore at `root`."""
     from rollouts.store import FileSessionStore
 
@@ -202,7 +228,7 @@ def environment_class(name: str) -> Any:
         raise CLIError(f"--env {name} is not available in this installation ({target} is missing)") from None
 
 
-async def make_environment(name: str, cwd: str | None = None, *, confirm: bool = True) -> Any:
+async def make_environment(name: str, cwd: str | None = None, *, confirm: bool = True) -> Environment:
     """A fresh environment for `--env name`. coding and git work in `cwd` (git: in a new
     worktree of the repository there); with `confirm`, shell commands and file writes ask first."""
     cls = environment_class(name)
@@ -277,31 +303,31 @@ def key_variable_names(args: argparse.Namespace | None = None) -> tuple[str, ...
     return tuple(dict.fromkeys(names))
 
 
-def secret_values(names: tuple[str, ...]) -> list[str]:
-    """The values of the variables `names` (to scrub them from anything printed)."""
-    return [v for v in (os.environ.get(n, "").strip() for n in names) if len(v) >= 4]
-
-
-def redact(text: str, secrets: list[str]) -> str:
-    """`text` with every value in `secrets` replaced by *** (longest first)."""
-    for value in sorted(secrets, key=len, reverse=True):
-        if value in text:
-            text = text.replace(value, "***")
-    return text
-
-
 class RedactingStream:
-    """A text stream wrapper that replaces API key values before they are written."""
+    """A text stream wrapper that keeps every known secret (`rollouts.redaction.known_secrets`)
+    off the stream, also when a secret is written in pieces: a tail that could be the start of
+    a secret is held back until the next write shows it is not, or until `release()`."""
 
-    def __init__(self, stream: Any, secrets: list[str]) -> None:
+    def __init__(self, stream: Any) -> None:
         self._stream = stream
-        self._secrets = sorted(set(secrets), key=len, reverse=True)
-
-    def add(self, secrets: list[str]) -> None:
-        self._secrets = sorted(set(self._secrets) | set(secrets), key=len, reverse=True)
+        self._redactor = StreamRedactor()
 
     def write(self, text: str) -> int:
-        return int(self._stream.write(redact(text, self._secrets)))
+        out = self._redactor.feed(text)
+        if out:
+            self._stream.write(out)
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def release(self) -> None:
+        """Write what is held back (the output ends here) and flush."""
+        rest = self._redactor.flush()
+        if rest:
+            self._stream.write(rest)
+        self._stream.flush()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

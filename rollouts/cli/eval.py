@@ -12,6 +12,7 @@ import json
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from rollouts.cli.tasks import (
     builtin_scorers,
     check_minimums,
     environment_factory,
+    given_settings,
     load_dataset,
     resolve_scorer,
     results_root,
@@ -53,8 +55,12 @@ rows: each row is a JSON object (or CSV line). By default the user message is th
 --score takes a built-in scorer name (see `rollouts eval --list-scorers`) or module:function
 (a function Sample -> Score, sync or async). module may also be a path to a .py file.
 
-results: --output DIR (default: ./results/<dataset>-<model>, or [defaults] results_dir in
-rollouts.toml, or $ROLLOUTS_RESULTS_DIR). Running again with the same output resumes.
+results: --output DIR (default: ./results/<dataset>-<model>-<setting hash>, under [defaults]
+results_dir in rollouts.toml or $ROLLOUTS_RESULTS_DIR; the hash covers the model's settings,
+system prompt, environment, max turns and scorer, so another setting gets another directory).
+Running again with the same output resumes, reusing only samples made with the same settings;
+a different setting is an error naming what changed: use another --output, --rescore (only the
+scorer changed: re-score the recorded trajectories) or --overwrite (start over).
 
 exit status: 0 every sample completed, 1 some samples failed, 2 usage or configuration error,
 130 interrupted by Ctrl-C (finished samples are kept; run again to resume).
@@ -80,9 +86,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--provider-retries",
         type=int,
         metavar="N",
-        help="continue a sample that ended in a provider error up to N more times (default 2)",
+        help="continue a sample that ended in a provider error up to N more times (default: EvalConfig's, 2)",
     )
     g.add_argument("--output", metavar="DIR", help="results directory (resumes when it exists)")
+    again = g.add_mutually_exclusive_group()
+    again.add_argument(
+        "--rescore",
+        action="store_true",
+        help="resume with another score function: keep the recorded trajectories, run only the scoring",
+    )
+    again.add_argument("--overwrite", action="store_true", help="delete the results in the output directory first")
     g.add_argument("--name", metavar="NAME", help="evaluation name (default: from the dataset and model)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--json", action="store_true", help="print the final report as JSON instead of a table")
@@ -117,7 +130,7 @@ def summary_text(report: Any) -> str:
     head = (
         f"{report.eval_name}: {c['total']} samples [{report.status}] in {report.duration_s:.1f}s "
         f"(completed {c['completed']}, failed {c['failed']}, provider errors {c['provider_error']}, "
-        f"reused {report.reused})"
+        f"reused {report.reused}" + (f", rescored {report.rescored}" if report.rescored else "") + ")"
     )
     rows = [["metric", "mean", "min", "max", "std"]]
     r = s["reward"]
@@ -131,11 +144,13 @@ def summary_text(report: Any) -> str:
     if s["turns"]["mean"] is not None:
         tail += f", turns/sample {s['turns']['mean']:.2f}"
     lines = [head, "", format_table(rows), "", tail]
-    failed = [x for x in report.samples if x.status in ("failed", "provider_error")]
-    for x in failed[:5]:
-        lines.append(f"  {x.id}: {x.status}: {(x.error or '').splitlines()[0][:160] if x.error else ''}")
-    if len(failed) > 5:
-        lines.append(f"  ... and {len(failed) - 5} more (see samples.jsonl)")
+    n_failed = c["failed"] + c["provider_error"]
+    if n_failed:  # (report.samples reads samples.jsonl back: only when something failed)
+        failed = [x for x in report.samples if x.status in ("failed", "provider_error")]
+        for x in failed[:5]:
+            lines.append(f"  {x.id}: {x.status}: {(x.error or '').splitlines()[0][:160] if x.error else ''}")
+        if len(failed) > 5:
+            lines.append(f"  ... and {len(failed) - 5} more (see samples.jsonl)")
     if report.output_dir:
         lines.append(f"results: {report.output_dir}")
     return "\n".join(lines)
@@ -186,6 +201,7 @@ def main(args: argparse.Namespace) -> int:
     check_minimums(args, {"max_concurrent": 1, "max_samples": 0, "max_turns": 1, "provider_retries": 0})
     if args.sample_timeout is not None and args.sample_timeout <= 0:
         raise CLIError("--sample-timeout must be a positive number of seconds")
+    from rollouts.eval.fingerprint import output_hash
     from rollouts.eval.run import EvalConfig, default_prepare_messages
 
     config = get_config()
@@ -199,25 +215,35 @@ def main(args: argparse.Namespace) -> int:
     check_model_available(endpoint, user_modules=True)  # (after the user's modules, which may define scripted models)
     factory = environment_factory(args.env or str(config.defaults.get("env") or "basic"), args.cwd)
     name = args.name or slug(f"{Path(args.dataset).stem}-{endpoint.provider}-{endpoint.model}")
-    output = Path(args.output).expanduser() if args.output else results_root(config) / name
-    max_concurrent = args.max_concurrent or int(config.defaults.get("max_concurrent") or 8)
-    if output.exists() and not args.json:
-        print(f"resuming in {output}", file=sys.stderr)
+    # Only what the user set is passed: the defaults (max_concurrent 8, 2 provider retries, ...)
+    # are EvalConfig's. ([defaults] max_concurrent in rollouts.toml is the user's own setting.)
+    given: dict[str, Any] = {
+        "max_turns": args.max_turns,
+        "max_samples": args.max_samples,
+        "max_concurrent": args.max_concurrent or config.defaults.get("max_concurrent"),
+        "sample_timeout_s": args.sample_timeout,
+        "provider_error_retries": args.provider_retries,
+    }
     eval_config = EvalConfig(
         endpoint=endpoint,
         score_fn=score_fn,
         prepare_messages=prepare,
         environment_factory=factory,
-        max_turns=args.max_turns,
-        max_samples=args.max_samples,
-        max_concurrent=max_concurrent,
-        sample_timeout_s=args.sample_timeout,
-        provider_error_retries=2 if args.provider_retries is None else args.provider_retries,
-        output_dir=output,
         eval_name=name,
         show_progress=not args.no_progress,
+        rescore=args.rescore,
+        overwrite=args.overwrite,
         metadata={"dataset": str(Path(args.dataset).resolve()), "model": f"{endpoint.provider}/{endpoint.model}"},
+        **given_settings(given),
     )
+    # The default directory is named by the setting too, so a different setting never resumes
+    # (and never collides with) another's results.
+    output = (
+        Path(args.output).expanduser() if args.output else results_root(config) / f"{name}-{output_hash(eval_config)}"
+    )
+    eval_config = replace(eval_config, output_dir=output)
+    if output.exists() and not args.json:
+        print(f"{'starting over' if args.overwrite else 'resuming'} in {output}", file=sys.stderr)
     report, interrupted = trio.run(_run, dataset, eval_config)
     if report is None:
         return 130

@@ -34,6 +34,7 @@ from rollouts.cli.tasks import (
     add_task_args,
     check_minimums,
     environment_factory,
+    given_settings,
     load_dataset,
     resolve_scorer,
     results_root,
@@ -56,8 +57,9 @@ the messages --prepare makes, or tool descriptions named tool:NAME.
 
 results: --output DIR (default: <results dir>/gepa-<dataset>-<model>): state.json (checkpoint),
 rollouts.jsonl, reflections.jsonl, result.json, best_candidate.json and best_<component>.txt.
-Running the same command again resumes. `touch DIR/STOP` (or --stop-file) stops after the
-iteration in flight; Ctrl-C stops at once; both keep the best prompt so far.
+Running the same command again resumes (with a --budget at least what was spent). `touch DIR/STOP`
+(or --stop-file) stops after the iteration in flight (the next run removes it at its start, and
+says so); Ctrl-C stops at once; both keep the best prompt so far.
 
 exit status: 0 finished, 2 usage or configuration error, 130 interrupted by Ctrl-C.
 """
@@ -181,15 +183,19 @@ def main(args: argparse.Namespace) -> int:
     output = Path(args.output).expanduser() if args.output else results_root(config) / name
     if (output / STATE_FILE).exists() and not args.json:
         print(f"resuming in {output}", file=sys.stderr)
+    # Only what the user set is passed: the defaults are EvalConfig's.
+    given: dict[str, Any] = {
+        "max_turns": args.max_turns,
+        "max_concurrent": args.max_concurrent or config.defaults.get("max_concurrent"),
+        "sample_timeout_s": args.sample_timeout,
+    }
     task = EvalConfig(
         endpoint=endpoint,
         score_fn=score_fn,
         prepare_messages=prepare,
         environment_factory=factory,
-        max_turns=args.max_turns,
-        max_concurrent=args.max_concurrent or int(config.defaults.get("max_concurrent") or 8),
-        sample_timeout_s=args.sample_timeout,
         show_progress=False,
+        **given_settings(given),
     )
     kwargs: dict[str, Any] = {
         "seed_candidate": seed,

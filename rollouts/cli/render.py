@@ -5,8 +5,9 @@ Human output: the answer text streams to stdout; thinking (dimmed), tool calls a
 captures just the answer while a terminal shows everything in order.
 
 JSON output (`--json`): one JSON object per line on stdout, one per stream event
-(`{"type": "text_delta", "content_index": 0, "delta": "Hel"}`) plus run-level records
-(`user_message`, `run_end`). `event_to_dict` / `event_from_dict` convert both ways.
+(`{"type": "text_delta", "content_index": 0, "delta": "Hel"}`) plus the run-level records
+`UserMessage` (`user_message`, before the turn it starts) and `RunEnd` (`run_end`, after every
+turn, also one that failed). `event_to_dict` / `event_from_dict` convert every line both ways.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from typing import IO, Any
+from dataclasses import dataclass, field
+from typing import IO, Any, TypeAlias
 
 from rollouts.dtypes import ToolCall, ToolResult, Usage
 from rollouts.environments.base import Environment
@@ -42,7 +44,40 @@ from rollouts.events import (
     ToolResultReceived,
 )
 
-__all__ = ["JsonRenderer", "TerminalRenderer", "event_from_dict", "event_to_dict", "use_color"]
+__all__ = [
+    "JsonRecord",
+    "JsonRenderer",
+    "RunEnd",
+    "TerminalRenderer",
+    "UserMessage",
+    "event_from_dict",
+    "event_to_dict",
+    "use_color",
+]
+
+
+@dataclass(frozen=True)
+class UserMessage:
+    """`--json` record: the user's message that starts a turn."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """`--json` record: a turn ended. `stop` is the StopReason's value (`provider_error` for a
+    call that failed outright, e.g. a rejected key; None for another error); `error` says what
+    went wrong; `text` is the last assistant message's text."""
+
+    session_id: str | None
+    stop: str | None
+    error: str | None
+    turns: int
+    text: str
+    usage: Usage = field(default_factory=Usage)
+
+
+JsonRecord: TypeAlias = StreamEvent | UserMessage | RunEnd
 
 _EVENT_TYPES: tuple[type, ...] = (
     LLMCallStart,
@@ -62,6 +97,8 @@ _EVENT_TYPES: tuple[type, ...] = (
     ToolResultReceived,
     StreamDone,
     StreamError,
+    UserMessage,
+    RunEnd,
 )
 
 
@@ -84,25 +121,28 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def event_to_dict(event: StreamEvent) -> dict[str, Any]:
-    """`{"type": "<snake_case event name>", **fields}` (JSON-safe)."""
+def event_to_dict(event: JsonRecord) -> dict[str, Any]:
+    """`{"type": "<snake_case event name>", **fields}` (JSON-safe): one `--json` line."""
     d = {"type": _snake(type(event).__name__)}
     d.update(_plain(event))
     return d
 
 
-def event_from_dict(data: Mapping[str, Any]) -> StreamEvent:
-    """The event `event_to_dict` made (raises KeyError for a run-level record such as `run_end`)."""
-    cls = _BY_TYPE[data["type"]]
+def event_from_dict(data: Mapping[str, Any]) -> JsonRecord:
+    """The event or run-level record `event_to_dict` made: any line `rollouts run --json`
+    prints parses back (an unknown `type` is a ValueError naming the known ones)."""
+    cls = _BY_TYPE.get(data.get("type", ""))
+    if cls is None:
+        raise ValueError(f"unknown event type {data.get('type')!r}; known: {', '.join(sorted(_BY_TYPE))}")
     kwargs = {k: v for k, v in data.items() if k != "type"}
     if cls is ToolCallEnd:
         kwargs["tool_call"] = ToolCall.from_dict(kwargs["tool_call"])
     elif cls is ToolResultReceived:
         kwargs["result"] = ToolResult.from_dict(kwargs["result"])
-    elif cls is StreamDone:
+    elif cls is StreamDone or cls is RunEnd:
         kwargs["usage"] = Usage.from_dict(kwargs["usage"])
-    event: StreamEvent = cls(**kwargs)
-    return event
+    record: JsonRecord = cls(**kwargs)
+    return record
 
 
 def use_color(stream: IO[str]) -> bool:
@@ -240,9 +280,10 @@ class JsonRenderer:
     def __init__(self, out: IO[str] | None = None) -> None:
         self.out = out or sys.stdout
 
-    def record(self, data: Mapping[str, Any]) -> None:
-        self.out.write(json.dumps(_plain(data), ensure_ascii=False, separators=(",", ":")) + "\n")
+    def record(self, record: JsonRecord) -> None:
+        """Write one event or run-level record as a line."""
+        self.out.write(json.dumps(event_to_dict(record), ensure_ascii=False, separators=(",", ":")) + "\n")
         self.out.flush()
 
     async def on_chunk(self, event: StreamEvent) -> None:
-        self.record(event_to_dict(event))
+        self.record(event)

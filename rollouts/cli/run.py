@@ -14,9 +14,9 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -31,18 +31,24 @@ from rollouts.cli.common import (
     endpoint_from_args,
     get_config,
     make_environment,
+    one_line_warnings,
     open_session_store,
     read_system_prompt,
     rekey_endpoint,
     sessions_dir,
 )
-from rollouts.cli.render import JsonRenderer, TerminalRenderer
+from rollouts.cli.render import JsonRenderer, RunEnd, TerminalRenderer, UserMessage
 from rollouts.config import RolloutsConfig
-from rollouts.dtypes import Actor, AgentState, Endpoint, Message, StopReason, Trajectory, now_iso
-from rollouts.environments.base import load_environment_class
-from rollouts.errors import AuthenticationError, RolloutsError
+from rollouts.dtypes import Actor, AgentState, Endpoint, Message, StopReason, ToolCall, Trajectory, now_iso
+from rollouts.errors import AuthenticationError, ProviderError, RolloutsError
 from rollouts.handlers import ToolConfirmResult, confirm_tool_auto_approve, confirm_tool_interactive
-from rollouts.run_config import RunConfig
+from rollouts.redaction import redact_events
+from rollouts.run_config import ConfirmTool, RunConfig
+from rollouts.store import SessionError, pending_tool_calls, restore_environment
+
+if TYPE_CHECKING:
+    from rollouts.environments import Environment
+    from rollouts.store import AgentSession, SessionStore
 
 EXAMPLES = """\
 examples:
@@ -162,7 +168,7 @@ class _Interrupts:
             self.renderer.finish_line()
             self.renderer.status("^C (Ctrl-C again, Ctrl-D or /exit to leave)")
 
-    async def watch(self, signals: Any) -> None:
+    async def watch(self, signals: AsyncIterator[int]) -> None:
         async for _ in signals:
             self.on_sigint()
 
@@ -176,30 +182,30 @@ class _Interrupts:
 class _Setup:
     state: AgentState
     env_name: str
-    store: Any
+    store: SessionStore | None
 
 
-def _env_name(env: Any) -> str:
+def _env_name(env: Environment | None) -> str:
     return type(env).__name__ if env is not None else "none"
 
 
-async def _environment_from_session(session: Any, args: argparse.Namespace) -> Any:
+async def _environment_from_session(session: AgentSession, args: argparse.Namespace) -> Environment:
+    """The environment `--env` names, else the session's own as it was after its last message
+    (`restore_environment`), else a basic one."""
     if args.env:
-        return await make_environment(args.env, args.cwd, confirm=not args.yes)
-    type_name = getattr(session, "environment_type", None)
-    if not type_name:
-        return await make_environment("basic")
+        env: Environment = await make_environment(args.env, args.cwd, confirm=not args.yes)
+        return env
     try:
-        cls: Any = load_environment_class(type_name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise CLIError(f"session {session.session_id}: cannot load its environment {type_name!r}: {e}") from None
-    data = getattr(session, "environment_state", None)
-    if data is None:
-        return cls()
-    return await cls.deserialize(dict(data))
+        restored = await restore_environment(session)
+    except SessionError as e:
+        raise CLIError(str(e)) from None
+    if restored is None:
+        basic: Environment = await make_environment("basic")
+        return basic
+    return restored
 
 
-async def _load_session(store: Any, session_id: str) -> tuple[Any, list[Message]]:
+async def _load_session(store: SessionStore, session_id: str) -> tuple[AgentSession, list[Message]]:
     try:
         session, messages = await store.get(session_id)
     except (KeyError, FileNotFoundError, LookupError) as e:
@@ -209,40 +215,25 @@ async def _load_session(store: Any, session_id: str) -> tuple[Any, list[Message]
     return session, list(messages)
 
 
-async def _branch(store: Any, session_id: str, at: int, n_messages: int) -> str:
+async def _branch(store: SessionStore, session_id: str, at: int, n_messages: int) -> str:
     if not 0 <= at <= n_messages:
         raise CLIError(f"--branch-at {at}: session {session_id} has {n_messages} messages (use 0..{n_messages})")
     new = await store.branch(session_id, at, tags={"source": "cli"})
     return str(new.session_id)
 
 
-def _pending_calls(messages: Sequence[Message]) -> tuple[tuple[Any, ...], int]:
-    """Tool calls of the last assistant message and how many of them are already answered."""
-    for i in range(len(messages) - 1, -1, -1):
-        m = messages[i]
-        if m.role == "assistant":
-            calls = m.get_tool_calls()
-            answered = {t.tool_call_id for t in messages[i + 1 :] if t.role == "tool"}
-            done = 0
-            for call in calls:
-                if call.id not in answered:
-                    break
-                done += 1
-            return calls, done
-        if m.role == "user":
-            return (), 0
-    return (), 0
-
-
-def _stored_endpoint(session: Any, args: argparse.Namespace) -> Endpoint:
+def _stored_endpoint(session: AgentSession, args: argparse.Namespace) -> Endpoint:
     """A continued session's own endpoint, its key read again, with the flags given applied."""
     endpoint = rekey_endpoint(session.endpoint, args.api_key_env, args.api_base)
     changes = {k: getattr(args, k) for k in ("max_tokens", "temperature") if getattr(args, k) is not None}
     return replace(endpoint, **changes) if changes else endpoint
 
 
-async def _setup(args: argparse.Namespace, config: RolloutsConfig, store: Any, system_prompt: str | None) -> _Setup:
+async def _setup(
+    args: argparse.Namespace, config: RolloutsConfig, store: SessionStore | None, system_prompt: str | None
+) -> _Setup:
     if args.session:
+        assert store is not None, "main refuses --session with --no-session"
         session, messages = await _load_session(store, args.session)
         session_id = args.session
         if args.branch_at is not None:
@@ -250,13 +241,13 @@ async def _setup(args: argparse.Namespace, config: RolloutsConfig, store: Any, s
             session, messages = await _load_session(store, session_id)
         endpoint: Endpoint = endpoint_from_args(args, config) if args.model else _stored_endpoint(session, args)
         env = await _environment_from_session(session, args)
-        calls, done = _pending_calls(messages)
+        calls, done = pending_tool_calls(messages)
         state = AgentState(
             actor=Actor(Trajectory(tuple(messages)), endpoint),
             environment=env,
             session_id=session_id,
-            pending_tool_calls=calls if done < len(calls) else (),
-            next_tool_idx=done if done < len(calls) else 0,
+            pending_tool_calls=calls,
+            next_tool_idx=done,
         )
         return _Setup(state, _env_name(env), store)
     endpoint = endpoint_from_args(args, config)
@@ -267,25 +258,18 @@ async def _setup(args: argparse.Namespace, config: RolloutsConfig, store: Any, s
     return _Setup(AgentState(actor=Actor(Trajectory(initial), endpoint), environment=env), env_name, store)
 
 
-async def _close_unanswered(state: AgentState, store: Any) -> AgentState:
-    """After a cancelled turn, answer the calls that never ran so the conversation stays valid."""
-    calls, done = _pending_calls(state.messages)
-    added = []
-    for call in calls[done:]:
-        added.append(
-            Message(
-                "tool",
-                "Not executed: the user interrupted the turn.",
-                tool_call_id=call.id,
-                timestamp=now_iso(),
-                details={"tool_name": call.name, "is_error": True},
-            )
-        )
+async def _close_unanswered(state: AgentState, store: SessionStore | None) -> AgentState:
+    """After a cancelled turn, answer the calls that never ran so the conversation stays valid
+    (a reply cut short mid-stream asks for nothing: see `pending_tool_calls`)."""
+    calls, done = pending_tool_calls(state.messages)
+    added = [
+        Message.tool_result(call, "Not executed: the user interrupted the turn.", is_error=True, timestamp=now_iso())
+        for call in calls[done:]
+    ]
     state = replace(state.with_messages(*added), pending_tool_calls=(), next_tool_idx=0)
     if added and store is not None and state.session_id is not None:
         with trio.CancelScope(shield=True):
-            for m in added:
-                await store.append_message(state.session_id, m)
+            await store.append_messages(state.session_id, added, expected_count=len(state.messages) - len(added))
     return state
 
 
@@ -320,18 +304,22 @@ class _Runner:
             line = await self.reader.readline()
             return line or ""
 
-        async def confirm_denied(call: Any, state: AgentState, rc: RunConfig) -> tuple[AgentState, ToolConfirmResult]:
+        async def confirm_denied(
+            call: ToolCall, state: AgentState, rc: RunConfig
+        ) -> tuple[AgentState, ToolConfirmResult]:
             self.renderer.status(f"denied {call.name}: needs confirmation (run with --yes to approve tool calls)")
             return state, ToolConfirmResult(False, "tool calls need confirmation and none was possible (no terminal)")
 
+        confirm: ConfirmTool
         if args.yes:
-            confirm: Any = confirm_tool_auto_approve
+            confirm = confirm_tool_auto_approve
         elif interactive_confirm:
             confirm = confirm_tool_interactive
         else:
             confirm = confirm_denied
         self.run_config = RunConfig(
-            on_chunk=json_out.on_chunk if json_out is not None else renderer.on_chunk,
+            # secrets masked in the events, also when cut across deltas (--json consumers join them)
+            on_chunk=redact_events(json_out.on_chunk if json_out is not None else renderer.on_chunk),
             on_input=on_input,
             confirm_tool=confirm,
             session_store=self.store,
@@ -351,14 +339,20 @@ class _Runner:
             message = Message("user", text, timestamp=now_iso())
             state = state.with_messages(message)
             if self.json_out is not None:
-                self.json_out.record({"type": "user_message", "text": text})
+                self.json_out.record(UserMessage(text))
             if self.store is not None and state.session_id is not None:
-                await self.store.append_message(state.session_id, message)
+                # conditional: if another process continued this session, SessionConflictError
+                await self.store.append_message(state.session_id, message, expected_count=len(state.messages) - 1)
         scope = trio.CancelScope()
         if self.interrupts is not None:
             self.interrupts.turn_scope = scope
         try:
             states = await run_agent(state, replace(self.run_config, cancel_scope=scope))
+        except Exception as e:  # e.g. a rejected key: `--json` readers still get the run's end
+            if self.json_out is not None:
+                stop = StopReason.PROVIDER_ERROR.value if isinstance(e, ProviderError) else None
+                self.json_out.record(RunEnd(state.session_id, stop, f"{type(e).__name__}: {e}", 0, ""))
+            raise
         finally:
             if self.interrupts is not None:
                 self.interrupts.turn_scope = None
@@ -374,15 +368,14 @@ class _Runner:
         if self.json_out is not None:
             last = next((m for m in reversed(final.messages) if m.role == "assistant"), None)
             self.json_out.record(
-                {
-                    "type": "run_end",
-                    "session_id": final.session_id,
-                    "stop": final.stop.value if final.stop else None,
-                    "error": final.error,
-                    "turns": final.turn_idx,
-                    "text": last.text if last is not None else "",
-                    "usage": final.actor.trajectory.total_usage().to_dict(),
-                }
+                RunEnd(
+                    session_id=final.session_id,
+                    stop=final.stop.value if final.stop else None,
+                    error=final.error,
+                    turns=final.turn_idx,
+                    text=last.text if last is not None else "",
+                    usage=final.actor.trajectory.total_usage(),
+                )
             )
             return
         if final.stop in (StopReason.PROVIDER_ERROR, StopReason.CONTEXT_TOO_LONG, StopReason.TOOL_ERROR):
@@ -408,6 +401,7 @@ def _session_note(runner: _Runner) -> None:
 
 
 async def _one_shot(runner: _Runner, prompt: str) -> int:
+    final: AgentState | None = None
     with trio.open_signal_receiver(signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             runner.interrupts = _Interrupts(runner.renderer, nursery.cancel_scope)
@@ -421,6 +415,8 @@ async def _one_shot(runner: _Runner, prompt: str) -> int:
             final = await runner.ask(prompt)
             nursery.cancel_scope.cancel()
     _session_note(runner)
+    if final is None:  # a second Ctrl-C left before the cancelled turn had returned
+        return 130
     return _exit_code(final)
 
 
@@ -485,10 +481,12 @@ async def _interactive(runner: _Runner, banner: str) -> int:
                     runner.renderer.status(f"error: {e}", error=True)
             nursery.cancel_scope.cancel()
     _session_note(runner)
-    return 0
+    return 130 if interrupts.exit_requested else 0
 
 
-async def _main_async(args: argparse.Namespace, config: RolloutsConfig, store: Any, system_prompt: str | None) -> int:
+async def _main_async(
+    args: argparse.Namespace, config: RolloutsConfig, store: SessionStore | None, system_prompt: str | None
+) -> int:
     setup = await _setup(args, config, store, system_prompt)
     renderer = TerminalRenderer(show_thinking=not args.hide_thinking, environment=setup.state.environment)
     json_out = JsonRenderer() if args.json else None
@@ -533,7 +531,8 @@ def main(args: argparse.Namespace) -> int:
     config = get_config()
     system_prompt = read_system_prompt(args, config)
     store = None if args.no_session else open_session_store(sessions_dir(args, config))
-    return trio.run(_main_async, args, config, store, system_prompt)
+    with one_line_warnings():
+        return trio.run(_main_async, args, config, store, system_prompt)
 
 
 __all__ = ["add_parser", "main"]

@@ -45,12 +45,11 @@ def _image(block: ImageContent) -> str:
 
 
 def _tool_name(message: Message) -> str:
-    name = (message.details or {}).get("tool_name")
-    return str(name) if name else "tool"
+    return message.tool_name or "tool"
 
 
 def _is_error(message: Message) -> bool:
-    return bool((message.details or {}).get("is_error"))
+    return message.is_error
 
 
 def _header_rows(session: AgentSession, messages: Sequence[Message]) -> list[tuple[str, str]]:

@@ -19,6 +19,7 @@ import trio
 from rollouts.cli import session_view
 from rollouts.cli.common import CLIError, HelpFormatter, add_sessions_dir_arg, get_config, sessions_dir
 from rollouts.cli.render import _one_line, use_color
+from rollouts.redaction import redact_json, redact_text
 from rollouts.store import (
     AgentSession,
     FileSessionStore,
@@ -47,6 +48,7 @@ exit status: 0 done, 1 a session is damaged, 2 usage error (unknown session, bad
 """
 
 _LIST_LIMIT = 20
+_DAMAGED = "DAMAGED"
 
 # each action's own examples (`rollouts sessions ACTION --help`)
 _ACTION_EXAMPLES = {
@@ -179,14 +181,21 @@ async def _list(store: FileSessionStore, args: argparse.Namespace) -> int:
     if not args.json:
         print(f"{'ID':<30} {'STATUS':<9} {'MSGS':>4}  {'MODEL':<28} {'BRANCH OF':<34} FIRST MESSAGE")
     for s in found:
-        count = await store.message_count(s.session_id)
-        title = session_view.preview(await store.messages(s.session_id, limit=4))
         model = f"{s.endpoint.provider}/{s.endpoint.model}"
+        branch = f"{s.parent_id}@{s.branch_point}" if s.parent_id else "-"
+        try:
+            count = await store.message_count(s.session_id)
+            title = session_view.preview(await store.messages(s.session_id, limit=4))
+        except SessionError as e:  # one damaged session must not hide the others: mark it
+            if args.json:
+                print(json.dumps({**s.to_dict(), "damaged": str(e)}, ensure_ascii=False, separators=(",", ":")))
+            else:
+                print(f"{s.session_id:<30} {_DAMAGED:<9} {'?':>4}  {_one_line(model, 28):<28} {branch:<34} {e}")
+            continue
         if args.json:
             record = {**s.to_dict(), "message_count": count, "first_message": title}
             print(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
             continue
-        branch = f"{s.parent_id}@{s.branch_point}" if s.parent_id else "-"
         print(f"{s.session_id:<30} {s.status.value:<9} {count:>4}  {_one_line(model, 28):<28} {branch:<34} {title}")
     return 0
 
@@ -198,24 +207,30 @@ async def _show(store: FileSessionStore, args: argparse.Namespace) -> int:
 
 
 async def _tree(store: FileSessionStore, args: argparse.Namespace) -> int:
-    asked = await store.get(args.session_id)
-    root = asked[0]
+    root = await store.metadata(args.session_id)
+    lines: list[str] = []
     for _ in range(10_000):
         if root.parent_id is None:
             break
-        root = (await store.get(root.parent_id))[0]
+        try:
+            root = await store.metadata(root.parent_id)
+        except SessionError as e:  # show what can be shown, from the oldest readable session
+            lines.append(f"(branch of {root.parent_id}, which cannot be read: {e})")
+            break
     children: dict[str, list[AgentSession]] = {}
-    for s in reversed(await store.list()):  # oldest first
+    for s in reversed(await store.list()):  # oldest first; damaged ones are skipped with a warning
         if s.parent_id is not None:
             children.setdefault(s.parent_id, []).append(s)
     tee, last, bar = ("├── ", "└── ", "│   ") if _utf8() else ("|-- ", "`-- ", "|   ")
-    lines: list[str] = []
 
     async def line(s: AgentSession) -> str:
-        count = await store.message_count(s.session_id)
-        title = session_view.preview(await store.messages(s.session_id, limit=(s.branch_point or 0) + 4))
         mark = "  <- this one" if s.session_id == args.session_id else ""
         at = f"@{s.branch_point} " if s.branch_point is not None else ""
+        try:
+            count = await store.message_count(s.session_id)
+            title = session_view.preview(await store.messages(s.session_id, limit=(s.branch_point or 0) + 4))
+        except SessionError as e:  # one damaged session must not hide the rest of the tree
+            return f"{at}{s.session_id}  {_DAMAGED}: {e}{mark}"
         return f"{at}{s.session_id}  {_summary(s, count, title)}{mark}"
 
     async def walk(s: AgentSession, prefix: str, connector: str) -> None:
@@ -249,6 +264,7 @@ async def _export(store: FileSessionStore, args: argparse.Namespace) -> int:
         text = session_view.to_html(session, messages)
     else:
         text = session_view.to_jsonl(messages)
+    text = redact_json(redact_text(text))  # (stdout is guarded too; a file is not)
     if args.output:
         try:
             await trio.Path(args.output).write_text(text, encoding="utf-8")

@@ -14,6 +14,7 @@ from rollouts.cli.common import CLIError, environment_class, load_callable, make
 from rollouts.config import RolloutsConfig
 from rollouts.dtypes import Message
 from rollouts.eval import scorers
+from rollouts.eval.config import DEFAULT_MAX_CONCURRENT
 
 RESULTS_DIR_ENV = "ROLLOUTS_RESULTS_DIR"
 DEFAULT_RESULTS_DIR = "results"
@@ -42,7 +43,9 @@ def add_task_args(group: Any, *, system_prompt_help: str) -> None:
     )
     group.add_argument("--system-prompt", metavar="TEXT", help=system_prompt_help)
     group.add_argument("--system-prompt-file", metavar="FILE", help="read the system prompt from FILE")
-    group.add_argument("--max-concurrent", type=int, metavar="N", help="samples in flight at once (default 8)")
+    group.add_argument(
+        "--max-concurrent", type=int, metavar="N", help=f"samples in flight at once (default {DEFAULT_MAX_CONCURRENT})"
+    )
     group.add_argument("--max-turns", type=int, metavar="N", help="model turns per sample (default 10)")
     group.add_argument("--sample-timeout", type=float, metavar="SECONDS", help="time limit per sample")
 
@@ -155,3 +158,9 @@ def check_minimums(args: Any, minimums: Mapping[str, int]) -> None:
         value = getattr(args, flag)
         if value is not None and value < minimum:
             raise CLIError(f"--{flag.replace('_', '-')} must be at least {minimum}")
+
+
+def given_settings(values: Mapping[str, Any]) -> Any:
+    """The EvalConfig arguments the user set (a None is left out: EvalConfig's default applies,
+    so defaults are written once, in the library)."""
+    return {k: (int(v) if k == "max_concurrent" else v) for k, v in values.items() if v is not None}

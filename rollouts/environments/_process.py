@@ -1,4 +1,8 @@
-"""Run a shell command under trio: own process group, timeout, capped output, no orphans."""
+"""Run a shell command under trio: own session, timeout, capped output, no orphans.
+
+The command runs under a small supervisor (`_reaper.py`, a child subreaper) that kills every
+process the command started, even one that left its session or process group (`setsid`),
+when the command ends, at the timeout and on cancellation."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 
 import trio
@@ -14,6 +19,7 @@ import trio
 # process group to close the output pipe before giving up on reading.
 _DRAIN_GRACE_S = 2.0
 _REAP_TIMEOUT_S = 5.0
+_REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +75,13 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+def _terminate(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 async def run_command(
     argv: Sequence[str],
     *,
@@ -77,22 +90,35 @@ async def run_command(
     max_output_bytes: int,
     env: Mapping[str, str] | None = None,
 ) -> CommandResult:
-    """Run `argv` in `cwd` in a new session (its own process group).
+    """Run `argv` in `cwd` in a new session, under the supervisor (see the module docstring).
 
-    Output is read as it comes and capped (head and tail kept). On timeout, on cancellation and
-    after the main process exits, the whole process group is killed with SIGKILL, so background
-    jobs the command started do not outlive it. Cancellation propagates after that cleanup."""
+    Output is read as it comes and capped (head and tail kept). On timeout and on cancellation
+    the supervisor is told to stop (SIGTERM): it SIGKILLs the command and every descendant,
+    however detached; when the command exits by itself, the supervisor kills what it left
+    behind (background jobs) before exiting. Cancellation propagates after that cleanup.
+    `CommandResult.pid` is the command's own pid (the leader of its session)."""
     assert timeout_s > 0 and max_output_bytes > 0
-    proc = await trio.lowlevel.open_process(
-        list(argv),
-        cwd=cwd,
-        env=dict(env) if env is not None else None,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    pgid = proc.pid  # start_new_session: the child leads its own group
+    assert sys.executable, "the supervisor runs with this Python"
+    pid_read, pid_write = os.pipe()
+    try:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-I", "-S", _REAPER, str(pid_write), *argv],
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=(pid_write,),
+        )
+    except BaseException:
+        os.close(pid_read)
+        raise
+    finally:
+        os.close(pid_write)
+    pgid = proc.pid  # start_new_session: the supervisor leads its own group
+    pid_stream = trio.lowlevel.FdStream(pid_read)
+    command_pid = bytearray()
     buf = _CappedBuffer(max_output_bytes)
     timed_out = False
     assert proc.stdout is not None
@@ -105,6 +131,22 @@ async def run_command(
                 return
             buf.feed(chunk)
 
+    async def _read_pid() -> None:
+        while len(command_pid) < 32:  # "<pid>\n", then EOF
+            chunk = await pid_stream.receive_some(32)
+            if not chunk:
+                return
+            command_pid.extend(chunk)
+
+    async def _stop_supervisor() -> None:
+        """SIGTERM to the supervisor (it kills everything below it), then, if it has not
+        exited in time, SIGKILL to its group as a backstop."""
+        if proc.returncode is None:
+            _terminate(proc.pid)
+            with trio.move_on_after(_REAP_TIMEOUT_S):
+                await proc.wait()
+        _kill_group(pgid)
+
     try:
         async with trio.open_nursery() as nursery:
             reader_scope = trio.CancelScope()
@@ -114,24 +156,27 @@ async def run_command(
                     await _reader()
 
             nursery.start_soon(_read_scoped)
+            nursery.start_soon(_read_pid)
             with trio.move_on_after(timeout_s) as deadline:
                 await proc.wait()
             timed_out = deadline.cancelled_caught
-            _kill_group(pgid)
-            # Everyone in the group is dead now; the pipe reaches EOF once they are gone.
-            # A process that escaped the group (setsid) could hold it open: stop reading then.
+            await _stop_supervisor()
+            # Everything below the supervisor is dead now; the pipe reaches EOF once it is gone.
+            # Should something still hold it open (the supervisor could not run), stop reading.
             reader_scope.deadline = trio.current_time() + _DRAIN_GRACE_S
     finally:
         with trio.CancelScope(shield=True):
-            _kill_group(pgid)
+            await _stop_supervisor()
             with trio.move_on_after(_REAP_TIMEOUT_S):
                 await proc.wait()
             await proc.stdout.aclose()
+            await pid_stream.aclose()
+    text = command_pid.decode("ascii", "replace").strip()
     return CommandResult(
         output=buf.text(),
         exit_code=proc.returncode,
         timed_out=timed_out,
         truncated=buf.truncated,
         total_bytes=buf.total,
-        pid=proc.pid,
+        pid=int(text) if text.isdigit() else proc.pid,
     )

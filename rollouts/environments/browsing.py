@@ -2,7 +2,10 @@
 
 No JavaScript: pages are fetched with httpx2 and HTML is turned into text with the standard
 library's parser, links listed and numbered. Every request (and every redirect hop) is checked
-against the host allow/deny lists; responses are capped in time (`timeout`), size (`max_bytes`)
+against the host allow/deny lists and, after DNS resolution, against the address: only public
+addresses are reached (not 127.0.0.1, 10.x, 169.254.169.254, ...) unless
+`allow_private_addresses=True`, and the connection goes to the address checked (see
+`_addresses.py`); responses are capped in time (`timeout`), size (`max_bytes`)
 and redirects (`max_redirects`). text/html, text/plain and JSON are read; other content types
 are refused with a clear message. A `search` tool exists only when a `SearchBackend` is given.
 
@@ -21,6 +24,7 @@ from urllib.parse import urljoin, urlsplit
 
 import trio
 
+from rollouts.environments._addresses import address_kind, blocked, guarded_transport, is_ip_literal
 from rollouts.environments._html import Link, html_to_page
 from rollouts.environments.base import environment_type_name, load_environment_class
 from rollouts.environments.tools import ToolEnvironment, ToolError, tool
@@ -75,6 +79,11 @@ class BrowsingEnvironment(ToolEnvironment):
         allow_hosts: if given, only these hosts may be fetched. Patterns: `example.com`,
             `*.example.com` (subdomains), `.example.com` (both), `127.0.0.1:8080` (host:port).
         deny_hosts: hosts never fetched (checked first, same patterns).
+        allow_private_addresses: also fetch from non-public addresses: loopback (127.0.0.1,
+            localhost), private networks (10.x, 172.16-31.x, 192.168.x, fc00::/7), link-local
+            (169.254.x, where cloud metadata services answer) and other reserved ranges. Off by
+            default: a host, or a redirect, leading to such an address is refused after DNS
+            resolution. Turn it on only for servers you run for the model (e.g. in tests).
         search: a SearchBackend; without one there is no `search` tool.
         timeout: seconds allowed for one fetch, redirects included.
         max_bytes: bytes of a response body read; the rest is dropped (and said so).
@@ -88,6 +97,7 @@ class BrowsingEnvironment(ToolEnvironment):
         *,
         allow_hosts: Sequence[str] | None = None,
         deny_hosts: Sequence[str] = (),
+        allow_private_addresses: bool = False,
         search: SearchBackend | None = None,
         timeout: float = 20.0,
         max_bytes: int = 2_000_000,
@@ -106,6 +116,7 @@ class BrowsingEnvironment(ToolEnvironment):
             raise ValueError("timeout, max_bytes and view_chars must be > 0 and max_redirects >= 0")
         self.allow_hosts = tuple(allow_hosts) if allow_hosts is not None else None
         self.deny_hosts = tuple(deny_hosts)
+        self.allow_private_addresses = bool(allow_private_addresses)
         self.search_backend = search
         self.timeout = float(timeout)
         self.max_bytes = int(max_bytes)
@@ -141,6 +152,7 @@ class BrowsingEnvironment(ToolEnvironment):
         return {
             "allow_hosts": list(self.allow_hosts) if self.allow_hosts is not None else None,
             "deny_hosts": list(self.deny_hosts),
+            "allow_private_addresses": self.allow_private_addresses,
             "search": backend,
             "timeout": self.timeout,
             "max_bytes": self.max_bytes,
@@ -185,6 +197,10 @@ class BrowsingEnvironment(ToolEnvironment):
         if self.allow_hosts is not None and not any(_host_matches(host, port, p) for p in self.allow_hosts):
             allowed = ", ".join(self.allow_hosts) or "(none)"
             raise ToolError(f"Host {host!r} is not on this environment's allow list ({allowed}).")
+        if not self.allow_private_addresses and is_ip_literal(host):
+            kind = address_kind(host)
+            if kind is not None:
+                raise blocked(host, host, kind)
         return url
 
     async def _get(self, url: str) -> tuple[str, str, str, bool]:
@@ -195,7 +211,11 @@ class BrowsingEnvironment(ToolEnvironment):
         headers = {"User-Agent": _USER_AGENT, "Accept": "text/html, text/plain, application/json;q=0.9, */*;q=0.1"}
         with trio.move_on_after(self.timeout) as overall:
             async with httpx2.AsyncClient(
-                timeout=timeout, follow_redirects=False, headers=headers, trust_env=False
+                timeout=timeout,
+                follow_redirects=False,
+                headers=headers,
+                trust_env=False,
+                transport=guarded_transport(allow_private=self.allow_private_addresses),
             ) as client:
                 for _ in range(self.max_redirects + 1):
                     self.check_url(url)

@@ -2,8 +2,10 @@
 
 Every path a tool receives is resolved against the root (symlinks included) and refused when it
 lands outside: `../x`, `/etc/passwd` and a symlink pointing out of the root all give a clear
-error result. `bash` runs in the root in its own process group with a timeout; the whole group
-is killed on timeout, on cancellation and when the command ends, and its output is capped.
+error result. `bash` runs in the root in its own session with a timeout, under a supervisor
+that is a child subreaper (`_reaper.py`): every process the command started, even one that
+left the session (`setsid`, a double fork, `nohup`), is killed on timeout, on cancellation and
+when the command ends, and the output is capped.
 `grep` also runs in a process of its own with a time limit, so a pattern that backtracks
 catastrophically cannot freeze the event loop (Python's `re` holds the GIL while it matches).
 
@@ -61,7 +63,7 @@ class CodingEnvironment(ToolEnvironment):
     Args:
         root: the working directory (must exist).
         preset: which tools to offer: "read_only", "no_write" or "full".
-        bash_timeout: default seconds before a bash command's process group is killed.
+        bash_timeout: default seconds before a bash command and every process it started are killed.
         max_bash_timeout: the largest timeout the model may ask for.
         max_output_bytes: bash output kept (head and tail) per command.
         max_read_chars: characters `read` returns per call (use offset/limit for more).
@@ -294,7 +296,7 @@ class CodingEnvironment(ToolEnvironment):
     @tool
     async def bash(self, command: str, timeout_seconds: float | None = None) -> ToolResult:
         """Run a bash command in the working directory and return its output and exit code.
-        Background processes are stopped when the command finishes.
+        Background processes (detached ones included) are stopped when the command finishes.
 
         Args:
             command: The command line, run with `bash -c`.

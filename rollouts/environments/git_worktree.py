@@ -7,8 +7,8 @@
         await env.aclose()                                       # removes the worktree
 
 Each environment works on its own branch (`rollouts/<id>`, renamed to `rollouts/session-<id>`
-when a session starts) checked out in its own worktree, created from the repository's default
-branch (origin's HEAD, else main/master/trunk, else the checked-out branch) or `base_ref`. Every
+when a session starts) checked out in its own worktree, created from the checked-out branch
+(when HEAD is detached: origin's HEAD, else main/master/trunk) or `base_ref`. Every
 tool call that changes files (write, edit, bash) is committed, so a trajectory maps to a commit
 history; a call cancelled half-way commits what it did so far, marked "(interrupted)", so it is
 not folded into the next call's commit. The branch is kept after cleanup. `serialize()` records
@@ -98,23 +98,22 @@ async def _ref_exists(repo: str, ref: str) -> bool:
 
 
 async def default_branch(repo: str) -> str:
-    """The repository's default branch: origin's HEAD, else main/master/trunk (the checked-out
-    one first if several exist), else the checked-out branch."""
+    """The branch a new worktree starts from: the checked-out branch (what the user is working
+    on, however stale `main` or `master` may be); when HEAD is detached or has no commits yet,
+    origin's HEAD, else main/master/trunk."""
+    r = await _git(repo, "symbolic-ref", "--quiet", "--short", "HEAD", check=False)
+    current = _out(r) if r.returncode == 0 else ""
+    if current and await _ref_exists(repo, f"refs/heads/{current}"):
+        return current
     r = await _git(repo, "symbolic-ref", "--quiet", "--short", "refs/remotes/origin/HEAD", check=False)
     if r.returncode == 0 and _out(r):
         remote_ref = _out(r)
         local = remote_ref.split("/", 1)[1] if "/" in remote_ref else remote_ref
         return local if await _ref_exists(repo, f"refs/heads/{local}") else remote_ref
-    r = await _git(repo, "symbolic-ref", "--quiet", "--short", "HEAD", check=False)
-    current = _out(r) if r.returncode == 0 else ""
-    existing = [n for n in _DEFAULT_NAMES if await _ref_exists(repo, f"refs/heads/{n}")]
-    if current in existing:
-        return current
-    if existing:
-        return existing[0]
-    if current and await _ref_exists(repo, f"refs/heads/{current}"):
-        return current
-    raise GitError(f"could not find a default branch with commits in {repo}; pass base_ref='<branch or commit>'")
+    for name in _DEFAULT_NAMES:
+        if await _ref_exists(repo, f"refs/heads/{name}"):
+            return name
+    raise GitError(f"could not find a branch with commits in {repo}; pass base_ref='<branch or commit>'")
 
 
 class GitWorktreeEnvironment(CodingEnvironment):
@@ -149,7 +148,7 @@ class GitWorktreeEnvironment(CodingEnvironment):
         worktrees_dir: str | os.PathLike[str] | None = None,
         **coding_kwargs: Any,
     ) -> Self:
-        """Make a new branch and worktree from `base_ref` (default: the default branch).
+        """Make a new branch and worktree from `base_ref` (default: the checked-out branch, see `default_branch`).
 
         `branch` names the branch (default `rollouts/<random id>`, renamed after the session when
         one starts); `worktrees_dir` is where worktree directories go (default: the temp dir);

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
 
+import trio
+
 from rollouts.dtypes import Endpoint, Message
 from rollouts.environments.base import Environment
 from rollouts.errors import ConfigurationError
+from rollouts.eval.fingerprint import Fingerprint, output_hash, task_fingerprint
 from rollouts.eval.io import redact_secrets
 from rollouts.eval.sample import Sample, Score
 from rollouts.events import StreamEvent
@@ -25,6 +29,7 @@ OnSampleEnd: TypeAlias = Callable[[Sample], Awaitable[None] | None]
 Dataset: TypeAlias = Iterable[Row] | AsyncIterable[Row]
 
 _DEFAULT_MAX_TURNS = 10
+DEFAULT_MAX_CONCURRENT = 8  # the one place this default is written (the CLI leaves it to us)
 
 
 def default_prepare_messages(row: Row) -> list[Message]:
@@ -58,17 +63,27 @@ class EvalConfig:
         and, unless run_config already has them, the model/tool limiters below).
     max_turns: bound on model turns per sample (default: run_config.max_turns if given, else 10).
     max_samples: evaluate only the first N rows.
-    max_concurrent: samples in flight at once.
+    max_concurrent: samples in flight at once (default 8).
     max_concurrent_model_calls / max_concurrent_tools: limits on concurrent model calls / tool
-        executions across all samples (default: max_concurrent). A `model_limiter` /
-        `tool_limiter` already set in `run_config` is used instead, so concurrent evaluations
-        (e.g. GEPA's) can share one limit.
+        executions across all samples (default: max_concurrent; see `model_call_limit` /
+        `tool_limit`). A `model_limiter` / `tool_limiter` already set in `run_config` is used
+        instead, so concurrent evaluations (e.g. GEPA's) can share one limit.
     sample_timeout_s: time limit per sample (including retries and scoring); a sample over it
         fails with its partial trajectory kept.
     provider_error_retries: how many times a run that ended in a provider error is continued
         (after the Endpoint's own per-call retries), waiting `retry_backoff_s * 2**k` (jittered,
         at most `retry_backoff_max_s`) in between.
-    output_dir: where `samples.jsonl` and `report.json` go; also enables resume.
+    output_dir: where `samples.jsonl` and `report.json` go; also enables resume. A recorded
+        sample is reused only when its fingerprint (endpoint, environment, max_turns, score
+        function, prepared messages: see rollouts.eval.fingerprint) matches; any other
+        difference is a ConfigurationError naming what changed, unless:
+    rescore: only the score function changed: keep the recorded trajectories and run the new
+        score function on them (no model calls).
+    overwrite: delete the previous samples.jsonl and report.json in output_dir and start over.
+    keep_samples: hold every finished Sample in memory for `EvalReport.samples` (default: only
+        without output_dir; with one, `report.samples` is read back from samples.jsonl when
+        first used, so a 100,000-row run does not hold 100,000 trajectories). False: never
+        (the report has its summary; samples go to on_sample_end and samples.jsonl only).
     eval_name: names the evaluation in the report (resume refuses a different name).
     show_progress: draw a progress bar on stderr when it is a terminal.
     on_sample_start(sample_id, row) / on_sample_event(sample_id, event) / on_sample_end(sample):
@@ -83,7 +98,7 @@ class EvalConfig:
     run_config: RunConfig | None = None
     max_turns: int | None = None
     max_samples: int | None = None
-    max_concurrent: int = 8
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT
     max_concurrent_model_calls: int | None = None
     max_concurrent_tools: int | None = None
     sample_timeout_s: float | None = None
@@ -91,6 +106,9 @@ class EvalConfig:
     retry_backoff_s: float = 1.0
     retry_backoff_max_s: float = 30.0
     output_dir: str | Path | None = None
+    rescore: bool = False
+    overwrite: bool = False
+    keep_samples: bool | None = None
     eval_name: str = "eval"
     show_progress: bool = True
     on_sample_start: OnSampleStart | None = None
@@ -120,6 +138,8 @@ class EvalConfig:
             )
         if self.retry_backoff_s < 0 or self.retry_backoff_max_s < 0:
             raise ConfigurationError("EvalConfig.retry_backoff_s and retry_backoff_max_s must be >= 0")
+        if self.rescore and self.overwrite:
+            raise ConfigurationError("EvalConfig: give rescore or overwrite, not both")
         if not self.eval_name:
             raise ConfigurationError("EvalConfig.eval_name must not be empty")
         if self.run_config is not None and self.run_config.cancel_scope is not None:
@@ -135,6 +155,36 @@ class EvalConfig:
             return self.max_turns
         return self.run_config.max_turns if self.run_config is not None else _DEFAULT_MAX_TURNS
 
+    @property
+    def model_call_limit(self) -> int:
+        """Concurrent model calls across all samples: `max_concurrent_model_calls`, else
+        `max_concurrent` (the one place this fallback is written)."""
+        return self.max_concurrent_model_calls or self.max_concurrent
+
+    @property
+    def tool_limit(self) -> int:
+        """Concurrent tool executions across all samples: `max_concurrent_tools`, else `max_concurrent`."""
+        return self.max_concurrent_tools or self.max_concurrent
+
+    def limiters(self) -> tuple[trio.CapacityLimiter, trio.CapacityLimiter]:
+        """The (model-call, tool) limiters to run under: those in `run_config`, else new ones
+        sized by `model_call_limit` / `tool_limit`."""
+        rc = self.run_config
+        return (
+            (rc.model_limiter if rc is not None else None) or trio.CapacityLimiter(self.model_call_limit),
+            (rc.tool_limiter if rc is not None else None) or trio.CapacityLimiter(self.tool_limit),
+        )
+
+    @functools.cached_property
+    def fingerprint(self) -> Fingerprint:
+        """The task-level fingerprint (see rollouts.eval.fingerprint); each sample adds its messages."""
+        return task_fingerprint(self)
+
+    @property
+    def keeps_samples(self) -> bool:
+        """Whether evaluate() holds finished samples in memory (see `keep_samples`)."""
+        return self.keep_samples if self.keep_samples is not None else self.output_dir is None
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe description without secrets (functions recorded by name)."""
         return {
@@ -146,14 +196,16 @@ class EvalConfig:
             "max_turns": self.effective_max_turns,
             "max_samples": self.max_samples,
             "max_concurrent": self.max_concurrent,
-            "max_concurrent_model_calls": self.max_concurrent_model_calls or self.max_concurrent,
-            "max_concurrent_tools": self.max_concurrent_tools or self.max_concurrent,
+            "max_concurrent_model_calls": self.model_call_limit,
+            "max_concurrent_tools": self.tool_limit,
             "sample_timeout_s": self.sample_timeout_s,
             "provider_error_retries": self.provider_error_retries,
             "retry_backoff_s": self.retry_backoff_s,
             "retry_backoff_max_s": self.retry_backoff_max_s,
             "output_dir": str(self.output_dir) if self.output_dir is not None else None,
             "metadata": redact_secrets(dict(self.metadata)),
+            "fingerprint": self.fingerprint.to_dict(),
+            "output_hash": output_hash(self),
         }
 
 

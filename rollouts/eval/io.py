@@ -6,33 +6,27 @@
   id wins; a torn final line from a crash is ignored).
 * `write_json_atomic` writes through a temporary file and `os.replace`, so a reader never sees
   a half-written `report.json`.
-* `redact_secrets` blanks secret-looking values before anything is written.
+* Every record is written through `rollouts.redaction.redact_json` (known secret values masked);
+  `redact_secrets` (re-exported from there) is for configuration-like records.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import os
-import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from rollouts.errors import ConfigurationError
 from rollouts.eval.sample import Sample
+from rollouts.redaction import redact_json
+from rollouts.redaction import redact_secrets as redact_secrets  # (its former home)
 
 SAMPLES_FILE = "samples.jsonl"
 REPORT_FILE = "report.json"
-
-_SECRET_KEY = re.compile(
-    r"api[_-]?key|secret|password|passwd|authorization|credential|cookie|bearer|private[_-]?key"
-    r"|(?:^|[_-])(?:token|auth|key)(?:[_-]|$)",
-    re.I,
-)
-_URL_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
-_URL_QUERY_PARAM = re.compile(r"(?P<sep>[?&;])(?P<name>[^=&#;\s]+)=(?P<value>[^&#;\s]*)")
-REDACTED = "[redacted]"
 
 
 # --------------------------------------------------------------------------------------------
@@ -72,58 +66,36 @@ def load_csv(path: str | Path, **reader_kwargs: Any) -> Iterator[dict[str, Any]]
 
 
 # --------------------------------------------------------------------------------------------
-# Secrets
-# --------------------------------------------------------------------------------------------
-
-
-def _is_secret_key(key: str) -> bool:
-    return bool(_SECRET_KEY.search(key))
-
-
-def redact_secrets(value: Any) -> Any:
-    """A copy of `value` with secret-looking mapping entries (api_key, token, authorization, ...)
-    replaced by '[redacted]' and credentials removed from URLs (user:password@, and query
-    parameters such as ?key=...). Recurses into dicts and lists."""
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            key = str(k)
-            if _is_secret_key(key) and v not in (None, "", {}, []):
-                out[key] = REDACTED
-            else:
-                out[key] = redact_secrets(v)
-        return out
-    if isinstance(value, list | tuple):
-        return [redact_secrets(v) for v in value]
-    if isinstance(value, str) and "://" in value:
-        return _redact_url(value)
-    return value
-
-
-def _redact_url(text: str) -> str:
-    """`text` with URL credentials blanked: `user:pass@` and secret-looking query parameters
-    (`?key=...`, `&access_token=...`)."""
-    if "@" in text:
-        text = _URL_USERINFO.sub(r"\g<scheme>" + REDACTED + "@", text)
-    if "?" in text:
-
-        def param(m: re.Match[str]) -> str:
-            if _is_secret_key(m["name"]) and m["value"]:
-                return f"{m['sep']}{m['name']}={REDACTED}"
-            return m.group(0)
-
-        text = _URL_QUERY_PARAM.sub(param, text)
-    return text
-
-
-# --------------------------------------------------------------------------------------------
 # samples.jsonl
 # --------------------------------------------------------------------------------------------
 
 
+def dumps_json(data: Any, **kwargs: Any) -> str:
+    """`json.dumps` that always writes valid JSON: values JSON cannot encode become strings and
+    NaN/Infinity (which `json` would write as bare, invalid tokens) become null. (A Metric
+    refuses a non-finite value, so this only concerns free-form metadata.)"""
+    kwargs.setdefault("ensure_ascii", False)
+    try:
+        return json.dumps(data, allow_nan=False, default=str, **kwargs)
+    except ValueError:
+        return json.dumps(finite_json(data), allow_nan=False, default=str, **kwargs)
+
+
+def finite_json(value: Any) -> Any:
+    """A copy of `value` with NaN and infinite floats replaced by None (recursing into dicts/lists)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value
+
+
 def sample_to_line(sample: Sample) -> str:
-    """One JSON line (with trailing newline). Values JSON cannot encode are written as strings."""
-    return json.dumps(sample.to_dict(), ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
+    """One JSON line (with trailing newline), always valid JSON (see `dumps_json`), known secrets
+    masked."""
+    return redact_json(dumps_json(sample.to_dict(), separators=(",", ":"))) + "\n"
 
 
 class SampleLog:
@@ -209,20 +181,40 @@ def read_sample_log(path: str | Path) -> dict[str, Sample]:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write `data` as pretty JSON to `path` atomically (temp file + fsync + os.replace)."""
+    """Write `data` as pretty JSON to `path` atomically (temp file + fsync + os.replace), known
+    secrets masked."""
+    text = redact_json(dumps_json(data, indent=2))  # NaN as null, known secrets masked
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
         with tmp.open("w", encoding="utf-8") as f:
-            json.dump(data, f, ensure_ascii=False, indent=2, default=str)
-            f.write("\n")
+            f.write(text + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+class StreamedList(list):  # type: ignore[type-arg]
+    """A list `json.dump` writes item by item from `items` (re-iterable), without holding them:
+    report.json's 100,000 sample ids need not be a 100,000-string list at the end of a run.
+    Only for writing (it compares as an empty list)."""
+
+    def __init__(self, items: Any) -> None:
+        super().__init__()
+        self._items = items
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return len(self._items) > 0
 
 
 def read_json(path: str | Path) -> Any:

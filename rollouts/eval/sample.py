@@ -23,8 +23,10 @@ class Metric:
     def __post_init__(self) -> None:
         if self.weight < 0:
             raise ValueError(f"Metric {self.name!r}: weight must be >= 0, got {self.weight}")
-        if not isinstance(self.value, int | float) or math.isnan(self.value):
-            raise ValueError(f"Metric {self.name!r}: value must be a number, got {self.value!r}")
+        if not isinstance(self.value, int | float) or not math.isfinite(self.value):
+            # NaN and infinities are refused here (the sample fails, naming the metric) rather
+            # than turning the reward into NaN and samples.jsonl into invalid JSON.
+            raise ValueError(f"Metric {self.name!r}: value must be a finite number, got {self.value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "value": self.value, "weight": self.weight, "metadata": dict(self.metadata)}
@@ -91,6 +93,7 @@ class Sample:
     error: str | None = None
     stop_reason: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    fingerprint: Mapping[str, Any] | None = None  # what produced it (rollouts.eval.fingerprint)
 
     @property
     def ground_truth(self) -> Any:
@@ -122,6 +125,7 @@ class Sample:
             "error": self.error,
             "stop_reason": self.stop_reason,
             "metadata": dict(self.metadata),
+            "fingerprint": dict(self.fingerprint) if self.fingerprint is not None else None,
         }
 
     @classmethod
@@ -137,4 +141,5 @@ class Sample:
             error=data.get("error"),
             stop_reason=data.get("stop_reason"),
             metadata=data.get("metadata", {}),
+            fingerprint=data.get("fingerprint"),
         )

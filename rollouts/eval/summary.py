@@ -62,61 +62,123 @@ def scoring_usage(sample: Sample) -> Usage:
     return usage
 
 
-def summarize(samples: Iterable[Sample]) -> dict[str, Any]:
-    """Aggregate statistics of `samples` (a JSON-safe dict). See the module docstring."""
-    items = list(samples)
-    counts = {"total": len(items), "completed": 0, "failed": 0, "provider_error": 0, "pending": 0}
-    rewards: list[float] = []
-    reward_all: list[float] = []
-    metric_values: dict[str, list[float]] = {}
-    stop_reasons: dict[str, int] = {}
-    turns: list[float] = []
-    durations: list[float] = []
-    usage = Usage()
-    scoring = Usage()
-    for s in items:
-        counts[s.status] = counts.get(s.status, 0) + 1
+class RunningStats:
+    """`n`, mean, min, max and population std of a stream of numbers in constant memory
+    (Welford's update; the mean from a compensated sum)."""
+
+    __slots__ = ("_c", "_m2", "_mean", "_sum", "max", "min", "n")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._sum = 0.0
+        self._c = 0.0  # Neumaier compensation of _sum
+        self._mean = 0.0
+        self._m2 = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+
+    def add(self, v: float) -> None:
+        self.n += 1
+        t = self._sum + v
+        self._c += (self._sum - t) + v if abs(self._sum) >= abs(v) else (v - t) + self._sum
+        self._sum = t
+        delta = v - self._mean
+        self._mean += delta / self.n
+        self._m2 += delta * (v - self._mean)
+        self.min = v if v < self.min else self.min
+        self.max = v if v > self.max else self.max
+
+    @property
+    def total(self) -> float:
+        return self._sum + self._c
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        if self.n == 0:
+            return {"n": 0, "mean": None, "min": None, "max": None, "std": None}
+        return {
+            "n": self.n,
+            "mean": self.total / self.n,
+            "min": self.min,
+            "max": self.max,
+            "std": math.sqrt(max(0.0, self._m2 / self.n)),
+        }
+
+
+class SummaryBuilder:
+    """`summarize()` one sample at a time, in memory that does not grow with the samples
+    (evaluate() keeps one while a run goes, so a 100,000-row run needs no list of samples)."""
+
+    def __init__(self) -> None:
+        self.counts = {"total": 0, "completed": 0, "failed": 0, "provider_error": 0, "pending": 0}
+        self.rewards = RunningStats()
+        self.reward_all = RunningStats()
+        self.metrics: dict[str, RunningStats] = {}
+        self.stop_reasons: dict[str, int] = {}
+        self.turns = RunningStats()
+        self.durations = RunningStats()
+        self.usage = Usage()
+        self.scoring = Usage()
+
+    def add(self, s: Sample) -> None:
+        """Count one sample."""
+        self.counts["total"] += 1
+        self.counts[s.status] = self.counts.get(s.status, 0) + 1
         if s.stop_reason:
-            stop_reasons[s.stop_reason] = stop_reasons.get(s.stop_reason, 0) + 1
+            self.stop_reasons[s.stop_reason] = self.stop_reasons.get(s.stop_reason, 0) + 1
         if s.score is not None:
-            rewards.append(s.score.reward)
+            self.rewards.add(s.score.reward)
             judged = False
             for m in s.score.metrics:
-                metric_values.setdefault(m.name, []).append(float(m.value))
+                stats_of = self.metrics.get(m.name)
+                if stats_of is None:
+                    stats_of = self.metrics[m.name] = RunningStats()
+                stats_of.add(float(m.value))
                 judged = judged or "judge_usage" in m.metadata
             if judged:
-                scoring = scoring + scoring_usage(s)
-        reward_all.append(s.score.reward if s.score is not None else 0.0)
-        usage = usage + sample_usage(s)
-        turns.append(float(sample_turns(s)))
+                self.scoring = self.scoring + scoring_usage(s)
+        self.reward_all.add(s.score.reward if s.score is not None else 0.0)
+        self.usage = self.usage + sample_usage(s)
+        self.turns.add(float(sample_turns(s)))
         duration = s.metadata.get("duration_s")
         if isinstance(duration, int | float):
-            durations.append(float(duration))
-    return {
-        "counts": counts,
-        "reward": stats(rewards),
-        "reward_all": stats(reward_all),
-        "metrics": {name: stats(vals) for name, vals in sorted(metric_values.items())},
-        "tokens": {
-            "input": usage.input_tokens,
-            "output": usage.output_tokens,
-            "cache_read": usage.cache_read_tokens,
-            "cache_write": usage.cache_write_tokens,
-            "reasoning": usage.reasoning_tokens,
-            "total": usage.total_tokens,
-        },
-        "cost_usd": usage.cost_usd,
-        "scoring": {
-            "input_tokens": scoring.input_tokens,
-            "output_tokens": scoring.output_tokens,
-            "total_tokens": scoring.total_tokens,
-            "cost_usd": scoring.cost_usd,
-        },
-        "total_cost_usd": usage.cost_usd + scoring.cost_usd,
-        "turns": {**stats(turns), "total": int(sum(turns))},
-        "duration_s": stats(durations),
-        "stop_reasons": dict(sorted(stop_reasons.items())),
-    }
+            self.durations.add(float(duration))
+
+    def result(self) -> dict[str, Any]:
+        """The summary so far (a JSON-safe dict). See the module docstring."""
+        usage, scoring = self.usage, self.scoring
+        return {
+            "counts": dict(self.counts),
+            "reward": self.rewards.to_dict(),
+            "reward_all": self.reward_all.to_dict(),
+            "metrics": {name: st.to_dict() for name, st in sorted(self.metrics.items())},
+            "tokens": {
+                "input": usage.input_tokens,
+                "output": usage.output_tokens,
+                "cache_read": usage.cache_read_tokens,
+                "cache_write": usage.cache_write_tokens,
+                "reasoning": usage.reasoning_tokens,
+                "total": usage.total_tokens,
+            },
+            "cost_usd": usage.cost_usd,
+            "scoring": {
+                "input_tokens": scoring.input_tokens,
+                "output_tokens": scoring.output_tokens,
+                "total_tokens": scoring.total_tokens,
+                "cost_usd": scoring.cost_usd,
+            },
+            "total_cost_usd": usage.cost_usd + scoring.cost_usd,
+            "turns": {**self.turns.to_dict(), "total": int(self.turns.total)},
+            "duration_s": self.durations.to_dict(),
+            "stop_reasons": dict(sorted(self.stop_reasons.items())),
+        }
+
+
+def summarize(samples: Iterable[Sample]) -> dict[str, Any]:
+    """Aggregate statistics of `samples` (a JSON-safe dict). See the module docstring."""
+    builder = SummaryBuilder()
+    for s in samples:
+        builder.add(s)
+    return builder.result()
 
 
 def flat_summary(summary: Mapping[str, Any]) -> dict[str, float]:

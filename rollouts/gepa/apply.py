@@ -108,10 +108,10 @@ def candidate_prepare(
 
 def candidate_environment_factory(factory: EnvironmentFactory, tools: Mapping[str, str]) -> EnvironmentFactory:
     """`factory` whose environments offer the candidate's tool descriptions."""
-    from rollouts.eval.run import _takes_argument
+    from rollouts.eval.run_sample import takes_row
 
     async def make(row: Row) -> Environment:
-        env = factory(row) if _takes_argument(factory) else factory()
+        env = factory(row) if takes_row(factory) else factory()
         if inspect.isawaitable(env):
             env = await env
         names = {t.name for t in env.get_tools()}

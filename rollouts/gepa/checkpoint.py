@@ -11,6 +11,9 @@
 A restarted run loads state.json and redoes only the unfinished iterations; their rollouts and
 reflections are taken from the logs instead of calling the models again, so the budget is not
 spent twice and the result is the one an uninterrupted run gives.
+
+Every file is written with known secret values masked (`rollouts.redaction`): the JSON files
+through `eval.io.write_json_atomic`, the logs and the best_*.txt texts here.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from typing import IO, Any
 
 import trio
 
-from rollouts.eval.io import read_json, write_json_atomic
+from rollouts.eval.io import dumps_json, read_json, write_json_atomic
 from rollouts.gepa.state import GEPAState
+from rollouts.redaction import redact_json, redact_text
 
 __all__ = [
     "JsonlLog",
@@ -88,7 +92,7 @@ class JsonlLog:
 
     def append(self, record: Mapping[str, Any]) -> None:
         assert self._f is not None, "JsonlLog.append after close"
-        self._f.write(json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n")
+        self._f.write(redact_json(dumps_json(record, separators=(",", ":"))) + "\n")
         self._f.flush()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -107,5 +111,6 @@ def write_result_files(run_dir: Path, result: Any) -> None:
     for name, text in result.best_candidate.items():
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
         tmp = run_dir / f".best_{safe}.txt.tmp"
+        text = redact_text(text)
         tmp.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
         tmp.replace(run_dir / f"best_{safe}.txt")

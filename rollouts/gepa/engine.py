@@ -27,7 +27,6 @@ several iterations overlap instead, each planned without the results of the prev
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections import deque
@@ -41,13 +40,14 @@ import trio
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ConfigurationError
 from rollouts.gepa.adapter import Candidate, EvaluationBatch, GEPAAdapter
+from rollouts.gepa.budget import Budget
 from rollouts.gepa.checkpoint import REFLECTIONS_FILE, load_state, save_state
 from rollouts.gepa.config import GEPAConfig
 from rollouts.gepa.events import GEPACallback, GEPAEvent, emit_event
 from rollouts.gepa.proposers import ProposalOutcome, Proposer, ReflectionJournal, merge_subsample, plan_merge
 from rollouts.gepa.result import CandidateRecord, GEPAResult, IterationRecord
 from rollouts.gepa.selectors import EpochShuffledBatchSampler, candidate_selector, component_selector
-from rollouts.gepa.state import GEPAState, ProposalSpec
+from rollouts.gepa.state import Carry, GEPAState, ProposalSpec
 from rollouts.gepa.stoppers import StopperState, stop_reason_of
 
 __all__ = ["GEPAEngine"]
@@ -119,24 +119,12 @@ class GEPAEngine:
             on_evaluation=self._on_evaluation,
             on_reflection=self._on_reflection,
         )
-        self.state = GEPAState(valset_size=len(self.valset), seed=config.seed)
-        self._live_calls = 0  # evaluations finished but not yet committed
+        self.state = GEPAState(valset_size=len(self.valset), seed=config.seed, budget=Budget(config.max_metric_calls))
         self._inflight: deque[tuple[ProposalSpec, _Slot]] = deque()
         self._nursery: trio.Nursery | None = None
         self._saves = 0
         self._save_lock = trio.Lock()
         self._started = time.monotonic()
-
-    # ---- budget -------------------------------------------------------------------------------
-
-    @property
-    def _budget(self) -> float:
-        m = self.config.max_metric_calls
-        return math.inf if m is None else m
-
-    def _left(self) -> float:
-        s = self.state
-        return self._budget - s.metric_calls - s.reserved
 
     # ---- events -------------------------------------------------------------------------------
 
@@ -148,7 +136,7 @@ class GEPAEngine:
         event = GEPAEvent(
             kind=kind,
             iteration=s.iteration if iteration is None else iteration,
-            metric_calls=s.metric_calls + self._live_calls,
+            metric_calls=s.budget.shown,
             max_metric_calls=self.config.max_metric_calls,
             best_score=s.best_score if has else 0.0,
             best_idx=s.best_idx if has else 0,
@@ -159,7 +147,7 @@ class GEPAEngine:
         await emit_event(self.callbacks, event)
 
     async def _on_evaluation(self, eval_id: str, n: int, batch: EvaluationBatch) -> None:
-        self._live_calls += n
+        self.state.budget.finished(n)
         await self._emit("evaluation", eval_id, eval_id=eval_id, n=n, scores=list(batch.scores))
 
     async def _on_reflection(self, iteration: int, component: str, old: str, new: str) -> None:
@@ -183,10 +171,23 @@ class GEPAEngine:
                 f"run_dir {str(self.run_dir)!r} holds a GEPA run with different settings ({', '.join(diff)}): "
                 "resume it with the same arguments, or use another run_dir"
             )
+        saved.budget.limit = self.config.max_metric_calls  # (the budget may change on resume)
+        if saved.budget.below_spent():
+            raise ConfigurationError(
+                f"run_dir {str(self.run_dir)!r} holds a GEPA run that has already spent {saved.budget.spent} "
+                f"metric calls, more than the budget of {self.config.max_metric_calls} given now: there is "
+                f"nothing left to run. To continue it, give a budget above {saved.budget.spent} "
+                "(max_metric_calls, --budget); its result so far is in result.json"
+            )
         self.state = saved
 
     def _init_state(self) -> None:
-        self.state = GEPAState(valset_size=len(self.valset), seed=self.config.seed, rng=random.Random(self.config.seed))
+        self.state = GEPAState(
+            valset_size=len(self.valset),
+            seed=self.config.seed,
+            rng=random.Random(self.config.seed),
+            budget=Budget(self.config.max_metric_calls),
+        )
         self.state.fingerprint = dict(self.fingerprint)
 
     def _checkpoint(self) -> None:
@@ -223,8 +224,8 @@ class GEPAEngine:
         event to wait for before this evaluation starts)."""
         s = self.state
         todo = [k for k in range(len(self.valset)) if k not in known]
-        todo = todo[: max(0, min(len(todo), int(min(self._left(), len(todo)))))]
-        s.reserved += len(todo)
+        todo = todo[: s.budget.cut(len(todo))]
+        s.budget.reserve(len(todo))
         first = meanwhile() if meanwhile is not None else None
         if first is not None:
             # The iteration started early evaluates its parent on the minibatch first (a few
@@ -240,9 +241,7 @@ class GEPAEngine:
             scores.update((k, float(x)) for k, x in zip(todo, batch.scores, strict=True))
             if batch.objective_scores is not None:
                 objectives.update((k, dict(o)) for k, o in zip(todo, batch.objective_scores, strict=True))
-        s.reserved -= len(todo)
-        s.metric_calls += len(todo)
-        self._live_calls -= len(todo)
+        s.budget.settle(reserved=len(todo), used=len(todo))
         return scores, objectives
 
     async def _evaluate_seed(self) -> str:
@@ -302,30 +301,30 @@ class GEPAEngine:
             if merge is not None:
                 (i, j, a), merged = merge
                 instances = merge_subsample(s, i, j, cfg.merge_subsample_size, s.rng)
-                if instances and len(instances) <= self._left():
+                if instances and s.budget.covers(len(instances)):
                     s.merges_due -= 1
                     s.merges_tried += 1
                     s.iteration = it
-                    s.reserved += len(instances)
+                    s.budget.reserve(len(instances))
                     return ProposalSpec(
                         it, "merge", (i, j, a), tuple(instances), merged=merged, known=len(s.candidates),
                         reserved=len(instances),
                     )  # fmt: skip
         need = self._minibatch_need()
-        if need > self._left():
+        if not s.budget.covers(need):
             return None
         carry, s.carry = s.carry, None
-        parent = carry["parent"] if carry is not None and carry["parent"] is not None else None
+        parent = carry.parent if carry is not None else None
         if parent is None:
             parent = self.candidate_selector.select(s, s.rng)
         assert 0 <= parent < len(s.candidates), f"candidate selector returned {parent}"
         components = self._components(parent)
         if carry is not None:
-            minibatch = tuple(carry["minibatch"])
+            minibatch = carry.minibatch
         else:
             minibatch = tuple(self.sampler.next(s, len(self.trainset)))
         s.iteration = it
-        s.reserved += need
+        s.budget.reserve(need)
         return ProposalSpec(it, "mutation", (parent,), minibatch, components, known=len(s.candidates), reserved=need)
 
     def _components(self, parent: int) -> tuple[str, ...]:
@@ -345,7 +344,7 @@ class GEPAEngine:
         if cfg.use_merge and s.merges_due > 0 and s.last_found_new:
             return None  # the next iteration is a merge
         need = self._minibatch_need()
-        if need > self._left() or self._should_stop() is not None:
+        if not s.budget.covers(need) or self._should_stop() is not None:
             return None
         if len(s.component_cursor) == new_idx:
             s.component_cursor.append(s.initial_cursor(parents))
@@ -361,7 +360,7 @@ class GEPAEngine:
             reserved=need,
             texts=dict(texts),
         )
-        s.reserved += need
+        s.budget.reserve(need)
         slot = _Slot(gate=trio.Event())
         assert self._nursery is not None
         self._nursery.start_soon(self._run_slot, spec, slot)
@@ -388,11 +387,9 @@ class GEPAEngine:
         slot.scope.cancel()
         await slot.done.wait()
         n = len(spec.instances)
-        s.reserved -= spec.reserved
-        s.metric_calls += n
+        s.budget.settle(reserved=spec.reserved, used=n)
         s.speculation_calls += n
-        self._live_calls -= n
-        s.carry = {"parent": parent, "minibatch": list(spec.instances)}
+        s.carry = Carry(parent, spec.instances)
         why = f"stopping ({stop})" if stop is not None else f"the selection chose #{parent}"
         return f"; the iteration started early on #{new_idx} was dropped ({why}: {n} calls spent)"
 
@@ -412,9 +409,7 @@ class GEPAEngine:
 
     async def _commit(self, spec: ProposalSpec, out: ProposalOutcome) -> None:
         s, cfg = self.state, self.config
-        s.reserved -= spec.reserved
-        s.metric_calls += out.calls
-        self._live_calls -= out.calls
+        s.budget.settle(reserved=spec.reserved, used=out.calls)
         status, message, new_idx = out.status, out.message, None
         if status == "evaluated":
             assert out.child is not None
@@ -546,11 +541,14 @@ class GEPAEngine:
         scope = cancel_scope if cancel_scope is not None else trio.CancelScope()
         if self.config.timeout_s is not None:
             scope.deadline = min(scope.deadline, trio.current_time() + self.config.timeout_s)
+        notes = [note for note in (_clear_stale(stopper) for stopper in self.config.stoppers) if note]
         await self._emit(
             "run_start",
             f"{'resuming' if self.state.candidates else 'starting'}: {len(self.trainset)} train, "
             f"{len(self.valset)} val, budget {self.config.max_metric_calls}"
-            + (f", run dir {self.run_dir}" if self.run_dir else ""),
+            + (f", run dir {self.run_dir}" if self.run_dir else "")
+            + "".join(f"; {note}" for note in notes),
+            notes=notes,
         )
         stop = "cancelled"
         try:
@@ -563,10 +561,16 @@ class GEPAEngine:
         if not self.state.candidates:  # cancelled before the seed was evaluated
             self.state.add_candidate(CandidateRecord(0, dict(self.seed_candidate), valset_size=len(self.valset)))
         result = self.state.to_result(stop, self.config.max_metric_calls, str(self.run_dir) if self.run_dir else None)
-        if self._live_calls:  # evaluations of iterations cancelled in flight were spent too
-            result = replace(result, metric_calls=result.metric_calls + self._live_calls)
+        if self.state.budget.live:  # evaluations of iterations cancelled in flight were spent too
+            result = replace(result, metric_calls=self.state.budget.shown)
         await self._emit("run_end", result.summary().replace("\n", "; "), result=result)
         return result
+
+
+def _clear_stale(stopper: Any) -> str | None:
+    """A stopper's `clear_stale()` (FileStopper: remove a stop file an earlier run left), if any."""
+    clear = getattr(stopper, "clear_stale", None)
+    return clear() if callable(clear) else None
 
 
 def _mean(xs: Sequence[float]) -> float:

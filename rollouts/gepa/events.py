@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO, TypeAlias
 
+from rollouts.redaction import redact_text
+
 __all__ = ["EventKind", "GEPACallback", "GEPAEvent", "ProgressPrinter", "emit_event"]
 
 EventKind = Literal[
@@ -92,4 +94,4 @@ class ProgressPrinter:
             line = f"[gepa] done: {e.message}"
         else:
             return
-        print(line, file=self._out(), flush=True)
+        print(redact_text(line), file=self._out(), flush=True)  # (a failure message may quote a key)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,6 @@ from rollouts.gepa.engine import GEPAEngine
 from rollouts.gepa.events import GEPACallback, ProgressPrinter
 from rollouts.gepa.result import GEPAResult
 from rollouts.gepa.rollouts_adapter import RolloutsAdapter
-from rollouts.gepa.selectors import CandidateSelector, ComponentSelector
 from rollouts.gepa.stoppers import (
     FileStopper,
     MaxIterationsStopper,
@@ -41,9 +40,9 @@ from rollouts.gepa.stoppers import (
     ScoreThresholdStopper,
     Stopper,
 )
-from rollouts.providers._clients import client_scope
+from rollouts.providers import client_scope
 
-__all__ = ["optimize"]
+__all__ = ["optimize", "search_config"]
 
 
 def _rows(data: Iterable[Mapping[str, Any]], what: str) -> list[Mapping[str, Any]]:
@@ -57,6 +56,14 @@ def _rows(data: Iterable[Mapping[str, Any]], what: str) -> list[Mapping[str, Any
 def _digest(rows: Sequence[Mapping[str, Any]]) -> str:
     text = json.dumps([dict(r) for r in rows], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _task_fingerprint(adapter: GEPAAdapter) -> dict[str, Any]:
+    """The task's fingerprint (endpoint, environment, max_turns, score function) for a
+    RolloutsAdapter: a run_dir made with another task is refused at once, by name."""
+    if not isinstance(adapter, RolloutsAdapter):
+        return {}
+    return {f"task.{k}": v for k, v in adapter.config.fingerprint.to_dict().items()}
 
 
 def _unwrap(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
@@ -74,6 +81,36 @@ def _unwrap(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-ar
     return leaves[0] if len(leaves) == 1 else group
 
 
+_SHORTCUTS = ("score_threshold", "no_improvement_iterations", "max_iterations", "stop_file")
+
+
+def search_config(config: GEPAConfig | None, settings: Mapping[str, Any]) -> GEPAConfig:
+    """`config` (else GEPAConfig's defaults) with `settings` applied: GEPAConfig field names
+    (a None value means "not given"; `stoppers` are added to the config's own), plus the stopper
+    shortcuts `score_threshold`, `no_improvement_iterations`, `max_iterations`, `stop_file`.
+    An unknown name is a TypeError listing the valid ones."""
+    known = {f.name for f in fields(GEPAConfig)}
+    unknown = sorted(set(settings) - known - set(_SHORTCUTS))
+    if unknown:
+        raise TypeError(
+            f"optimize() got unknown setting(s) {', '.join(unknown)}; GEPA settings are GEPAConfig's fields "
+            f"({', '.join(sorted(known))}) and the stop shortcuts ({', '.join(_SHORTCUTS)})"
+        )
+    cfg = config or GEPAConfig()
+    given = {k: v for k, v in settings.items() if k in known and k != "stoppers" and v is not None}
+    cfg = replace(cfg, **given)
+    extra: list[Stopper] = list(settings.get("stoppers") or ())
+    if settings.get("score_threshold") is not None:
+        extra.append(ScoreThresholdStopper(settings["score_threshold"]))
+    if settings.get("no_improvement_iterations") is not None:
+        extra.append(NoImprovementStopper(settings["no_improvement_iterations"]))
+    if settings.get("max_iterations") is not None:
+        extra.append(MaxIterationsStopper(settings["max_iterations"]))
+    if settings.get("stop_file") is not None:
+        extra.append(FileStopper(settings["stop_file"]))
+    return replace(cfg, stoppers=(*cfg.stoppers, *extra)) if extra else cfg
+
+
 async def optimize(
     seed_candidate: Mapping[str, str] | str,
     trainset: Iterable[Mapping[str, Any]],
@@ -82,24 +119,12 @@ async def optimize(
     task: EvalConfig | None = None,
     adapter: GEPAAdapter | None = None,
     reflection_endpoint: Endpoint | None = None,
-    max_metric_calls: int | None = None,
-    reflection_minibatch_size: int | None = None,
-    candidate_selection: str | CandidateSelector | None = None,
-    component_selection: str | ComponentSelector | None = None,
-    use_merge: bool | None = None,
-    proposals_in_flight: int | None = None,
-    seed: int | None = None,
-    score_threshold: float | None = None,
-    no_improvement_iterations: int | None = None,
-    max_iterations: int | None = None,
-    stop_file: str | Path | None = None,
-    stoppers: Sequence[Stopper] = (),
-    timeout_s: float | None = None,
     config: GEPAConfig | None = None,
     run_dir: str | Path | None = None,
     callbacks: Sequence[GEPACallback] = (),
     show_progress: bool = False,
     cancel_scope: trio.CancelScope | None = None,
+    **settings: Any,
 ) -> GEPAResult:
     """Evolve `seed_candidate` (a system prompt, or a dict of component name -> text).
 
@@ -108,15 +133,17 @@ async def optimize(
     or your own `adapter`. `valset` defaults to `trainset`. `reflection_endpoint` is the model
     that proposes new texts.
 
-    Budget and stopping: `max_metric_calls` (evaluations of one instance) is never exceeded;
-    `score_threshold`, `no_improvement_iterations`, `max_iterations`, `stop_file` and
-    `stoppers` end the run after the iterations in flight; `timeout_s` and cancelling
-    `cancel_scope` end it at once. Every way returns the best candidate so far.
+    Search settings: `config` (a GEPAConfig, else its defaults), with any GEPAConfig field given
+    here by name overriding it — `max_metric_calls=500`, `reflection_minibatch_size`,
+    `candidate_selection`, `use_merge`, `proposals_in_flight`, `seed`, `timeout_s`, ... (see
+    GEPAConfig for every field, its default and meaning; `stoppers` are added to the config's).
+    Stop shortcuts: `score_threshold`, `no_improvement_iterations`, `max_iterations`,
+    `stop_file` (a file that stops the run when it appears; one left from an earlier run is
+    removed at the start, with a message). An unknown name is a TypeError.
 
-    Search settings default to `config` (a GEPAConfig), else to GEPAConfig's defaults: minibatch
-    3, Pareto candidate selection, round-robin components, no merge, seed 0, one iteration after
-    another with speculation (the next iteration starts on an accepted child while it is scored
-    on the validation set; see rollouts.gepa.engine).
+    Budget and stopping: `max_metric_calls` (evaluations of one instance) is never exceeded;
+    the stoppers end the run after the iterations in flight; `timeout_s` and cancelling
+    `cancel_scope` end it at once. Every way returns the best candidate so far.
 
     With `run_dir`, the state is checkpointed after every iteration and every rollout and
     reflection is logged; calling optimize() again with the same arguments resumes and ends
@@ -127,29 +154,7 @@ async def optimize(
     seed_map = {"system_prompt": seed_candidate} if isinstance(seed_candidate, str) else dict(seed_candidate)
     train = _rows(trainset, "trainset")
     val = _rows(valset, "valset") if valset is not None else train
-    extra: list[Stopper] = list(stoppers)
-    if score_threshold is not None:
-        extra.append(ScoreThresholdStopper(score_threshold))
-    if no_improvement_iterations is not None:
-        extra.append(NoImprovementStopper(no_improvement_iterations))
-    if max_iterations is not None:
-        extra.append(MaxIterationsStopper(max_iterations))
-    if stop_file is not None:
-        extra.append(FileStopper(stop_file))
-    overrides: dict[str, Any] = {
-        "max_metric_calls": max_metric_calls,
-        "reflection_minibatch_size": reflection_minibatch_size,
-        "candidate_selection": candidate_selection,
-        "component_selection": component_selection,
-        "use_merge": use_merge,
-        "proposals_in_flight": proposals_in_flight,
-        "seed": seed,
-        "timeout_s": timeout_s,
-    }
-    cfg = config or GEPAConfig()
-    cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
-    if extra:
-        cfg = replace(cfg, stoppers=(*cfg.stoppers, *extra))
+    cfg = search_config(config, settings)
     out = Path(run_dir) if run_dir is not None else None
     owned: RolloutsAdapter | None = None
     if task is not None:
@@ -177,7 +182,7 @@ async def optimize(
             reflection_endpoint=reflection_endpoint,
             run_dir=out,
             callbacks=all_callbacks,
-            data_fingerprint={"trainset": _digest(train), "valset": _digest(val)},
+            data_fingerprint={"trainset": _digest(train), "valset": _digest(val), **_task_fingerprint(the_adapter)},
         )
         try:
             async with client_scope():

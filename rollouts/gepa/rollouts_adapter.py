@@ -30,6 +30,7 @@ import trio
 from rollouts.dtypes import Message, TextContent, ThinkingContent, ToolCallContent
 from rollouts.errors import ConfigurationError
 from rollouts.eval.config import EvalConfig, Row
+from rollouts.eval.fingerprint import Fingerprint, describe_parts
 from rollouts.eval.run import evaluate, sample_id_for
 from rollouts.eval.sample import Sample
 from rollouts.gepa.adapter import Candidate, EvaluationBatch, ReflectiveDataset
@@ -56,8 +57,8 @@ def _clip(text: str, limit: int) -> str:
 
 def _render_message(m: Message, limit: int) -> str:
     if m.role == "tool":
-        name = (m.details or {}).get("tool_name", "tool")
-        error = " (error)" if (m.details or {}).get("is_error") else ""
+        name = m.tool_name or "tool"
+        error = " (error)" if m.is_error else ""
         return f"[tool result: {name}{error}]\n{_clip(m.text, limit)}"
     parts = []
     for b in m.blocks:
@@ -129,6 +130,10 @@ class _RolloutLog:
         except (TypeError, ValueError):
             same = False
         return sample if same else None
+
+    @property
+    def path(self) -> Path:
+        return self._log.path
 
     def write(self, eval_id: str, pos: int, cand: str, sample: Sample) -> None:
         self._log.append({"eval": eval_id, "pos": pos, "candidate": cand, "sample": sample.to_dict()})
@@ -212,12 +217,7 @@ class RolloutsAdapter:
         # Shared by every evaluation of the run (several may be in flight), so the config's
         # model-call and tool limits hold for the run as a whole.
         if self._limiters is None:
-            rc = self.config.run_config or RunConfig()
-            n = self.config.max_concurrent
-            self._limiters = (
-                rc.model_limiter or trio.CapacityLimiter(self.config.max_concurrent_model_calls or n),
-                rc.tool_limiter or trio.CapacityLimiter(self.config.max_concurrent_tools or n),
-            )
+            self._limiters = self.config.limiters()
         return self._limiters
 
     async def evaluate(
@@ -234,8 +234,13 @@ class RolloutsAdapter:
         log = self._log if eval_id is not None else None
         if log is not None:
             assert eval_id is not None
+            cfg_now: EvalConfig | None = None
             for pos, row in enumerate(batch):
-                samples[pos] = log.reusable(eval_id, pos, cand, row)
+                recorded = log.reusable(eval_id, pos, cand, row)
+                if recorded is not None:
+                    cfg_now = cfg_now or self.config_for(candidate)
+                    await _check_fingerprint(recorded, cfg_now, row, log.path)
+                samples[pos] = recorded
         todo = [pos for pos, s in enumerate(samples) if s is None]
         if todo:
             rows = [batch[pos] for pos in todo]
@@ -245,6 +250,9 @@ class RolloutsAdapter:
             cfg = replace(
                 cfg,
                 run_config=rc,
+                # (pinned before run_config is set: a bare RunConfig's 100 turns must not
+                # replace the task's own bound, 10 by default)
+                max_turns=cfg.effective_max_turns,
                 output_dir=None,
                 show_progress=False,
                 max_samples=None,
@@ -286,6 +294,26 @@ class RolloutsAdapter:
                 }
             )
         return {name: records for name in components_to_update}
+
+
+async def _check_fingerprint(recorded: Sample, cfg: EvalConfig, row: Row, log_path: Path) -> None:
+    """Refuse to reuse a logged rollout made under other settings than `cfg`'s (the same rule
+    as evaluate()'s resume: endpoint, environment, max_turns, score function, messages)."""
+    if recorded.fingerprint is None:
+        raise ConfigurationError(
+            f"{log_path} holds rollouts recorded without a fingerprint (by an older version): whether they "
+            "match the current task cannot be told; use another run_dir"
+        )
+    out = cfg.prepare_messages(row)
+    if inspect.isawaitable(out):
+        out = await out
+    current = cfg.fingerprint.with_messages(tuple(out))
+    parts = current.differences(Fingerprint.from_dict(recorded.fingerprint))
+    if parts:
+        raise ConfigurationError(
+            f"{log_path} holds rollouts made with different {describe_parts(parts)}: reusing them would mix "
+            "two tasks in one GEPA run; resume with the same task, or use another run_dir"
+        )
 
 
 def _logging_hook(

@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollouts.gepa.budget import Budget
 from rollouts.gepa.frontier import ParetoFront
 from rollouts.gepa.result import CandidateRecord, GEPAResult, IterationRecord, best_index
 
-__all__ = ["GEPAState", "ProposalSpec"]
+__all__ = ["Carry", "GEPAState", "ProposalSpec"]
 
 STATE_VERSION = 1
 
@@ -80,18 +81,34 @@ def _rng_state_from_json(data: Sequence[Any]) -> tuple[Any, ...]:
     return (version, tuple(internal), gauss)
 
 
+@dataclass(frozen=True)
+class Carry:
+    """What a dropped speculative iteration hands the next one: the parent the selection chose
+    (None: select again) and the minibatch already drawn (and paid for) for it."""
+
+    parent: int | None
+    minibatch: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parent": self.parent, "minibatch": list(self.minibatch)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> Carry | None:
+        return None if d is None else cls(d.get("parent"), tuple(d["minibatch"]))
+
+
 @dataclass
 class GEPAState:
-    """Mutable engine state. `metric_calls` counts committed evaluations of one instance
-    (the seed's and those of finished iterations); `reserved` is set aside for planned ones."""
+    """Mutable engine state. `budget.spent` (`metric_calls`) counts committed evaluations of one
+    instance (the seed's and those of finished iterations); `budget.reserved` is set aside for
+    planned ones."""
 
     valset_size: int
     seed: int = 0
     candidates: list[CandidateRecord] = field(default_factory=list)
     history: list[IterationRecord] = field(default_factory=list)
     iteration: int = 0  # the last iteration planned
-    metric_calls: int = 0
-    reserved: int = 0
+    budget: Budget = field(default_factory=Budget)
     rng: random.Random = field(default_factory=random.Random)
     sampler: dict[str, Any] = field(default_factory=dict)
     component_cursor: list[int] = field(default_factory=list)
@@ -102,7 +119,7 @@ class GEPAState:
     last_improvement: int = 0  # the iteration that last raised the best score
     reflection_failures: int = 0  # consecutive
     pending: list[ProposalSpec] = field(default_factory=list)
-    carry: dict[str, Any] | None = None  # parent and minibatch chosen for the next iteration
+    carry: Carry | None = None  # parent and minibatch chosen for the next iteration
     speculation_calls: int = 0  # calls spent on speculative iterations that were dropped
     fingerprint: dict[str, Any] = field(default_factory=dict)
     front: ParetoFront = field(init=False)
@@ -113,6 +130,16 @@ class GEPAState:
             self.front.add(c.idx, c.val_scores)
 
     # ---- queries ----------------------------------------------------------------------------
+
+    @property
+    def metric_calls(self) -> int:
+        """Committed metric calls (`budget.spent`)."""
+        return self.budget.spent
+
+    @property
+    def reserved(self) -> int:
+        """Metric calls set aside for planned iterations (`budget.reserved`)."""
+        return self.budget.reserved
 
     @property
     def best_idx(self) -> int:
@@ -184,8 +211,8 @@ class GEPAState:
             "candidates": [c.to_dict() for c in self.candidates],
             "history": [h.to_dict() for h in self.history],
             "iteration": self.iteration,
-            "metric_calls": self.metric_calls,
-            "reserved": self.reserved,
+            "metric_calls": self.budget.spent,
+            "reserved": self.budget.reserved,
             "rng": _rng_state_to_json(self.rng.getstate()),
             "sampler": copy.deepcopy(self.sampler),
             "component_cursor": list(self.component_cursor),
@@ -196,7 +223,7 @@ class GEPAState:
             "last_improvement": self.last_improvement,
             "reflection_failures": self.reflection_failures,
             "pending": [p.to_dict() for p in self.pending],
-            "carry": copy.deepcopy(self.carry),
+            "carry": self.carry.to_dict() if self.carry is not None else None,
             "speculation_calls": self.speculation_calls,
         }
 
@@ -212,8 +239,7 @@ class GEPAState:
             candidates=[CandidateRecord.from_dict(c) for c in d["candidates"]],
             history=[IterationRecord.from_dict(h) for h in d["history"]],
             iteration=d["iteration"],
-            metric_calls=d["metric_calls"],
-            reserved=d["reserved"],
+            budget=Budget(spent=d["metric_calls"], reserved=d["reserved"]),
             rng=rng,
             sampler=dict(d["sampler"]),
             component_cursor=list(d["component_cursor"]),
@@ -224,7 +250,7 @@ class GEPAState:
             last_improvement=d["last_improvement"],
             reflection_failures=d["reflection_failures"],
             pending=[ProposalSpec.from_dict(p) for p in d["pending"]],
-            carry=d.get("carry"),
+            carry=Carry.from_dict(d.get("carry")),
             speculation_calls=d.get("speculation_calls", 0),
             fingerprint=dict(d["fingerprint"]),
         )

@@ -99,7 +99,9 @@ class MaxIterationsStopper:
 
 class FileStopper:
     """Stop (after the iterations in flight) when `path` exists: `touch STOP` ends a run cleanly
-    from another terminal. The file is left in place: remove it before resuming."""
+    from another terminal. A file already there when a run starts was left by an earlier run
+    (it stopped that one): the engine removes it then, through `clear_stale()`, and says so in
+    its run_start event, instead of stopping the new run before its first iteration."""
 
     reason = "stop_file"
 
@@ -108,6 +110,19 @@ class FileStopper:
 
     def __call__(self, state: StopperState) -> bool:
         return self.path.exists()
+
+    def clear_stale(self) -> str | None:
+        """Remove a stop file left by an earlier run; a message saying so, or None."""
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise ConfigurationError(
+                f"the stop file {str(self.path)!r} exists (left by an earlier run) and cannot be removed "
+                f"({e.strerror}): remove it, or the run stops at once"
+            ) from None
+        return f"removed the stop file {self.path} left by an earlier run (it would have stopped this one at once)"
 
 
 class TimeoutStopper:

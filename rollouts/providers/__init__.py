@@ -67,3 +67,10 @@ def get_provider_function(provider: str, model: str) -> ProviderFn:
     if provider in _RESOLVERS:
         return fn(model)  # type: ignore[call-arg,arg-type,return-value]
     return fn  # type: ignore[return-value]
+
+
+# Shared with the rest of the library (the agent loop, evaluate, optimize) and its users:
+# re-exported here so that nothing outside this package imports its private modules.
+from rollouts.providers._aggregate import MessageBuilder as MessageBuilder  # noqa: E402
+from rollouts.providers._clients import client_scope as client_scope  # noqa: E402
+from rollouts.providers._retry import retry_policy as retry_policy  # noqa: E402

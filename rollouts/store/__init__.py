@@ -12,6 +12,7 @@ crash safety, `resume` the way back to an `AgentState`.
 
 from rollouts.store.base import (
     AgentSession,
+    SessionConflictError,
     SessionCorruptError,
     SessionError,
     SessionNotFoundError,
@@ -28,6 +29,7 @@ __all__ = [
     "SESSIONS_DIR_ENV",
     "AgentSession",
     "FileSessionStore",
+    "SessionConflictError",
     "SessionCorruptError",
     "SessionError",
     "SessionNotFoundError",

@@ -15,6 +15,8 @@ Crash safety:
 * before writing, an incomplete last line (left by a writer killed mid-write) is cut off, so the
   new line never glues onto it; readers ignore such a line and report it;
 * `session.json` is replaced atomically: temp file, fsync, rename, fsync of the directory.
+
+Every record is written with known secret values masked (`rollouts.redaction.redact_json`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from rollouts.dtypes import Message
+from rollouts.redaction import redact_json
+from rollouts.store._codec import dumps, message_from_dict, message_to_dict, paused_gc
 from rollouts.store.base import SessionCorruptError, SessionError, SessionRecoveryWarning
 
 MESSAGE_PREFIX = b'{"role"'
@@ -41,23 +45,19 @@ DIR_MODE = 0o700
 _TAIL_CHUNK = 1 << 16
 
 
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
 def encode_message(message: Message, environment_state: Mapping[str, Any] | None = None) -> bytes:
     """The log line (with its newline) for `message`, carrying `environment_state` if given."""
-    d = message.to_dict()
+    d = message_to_dict(message)
     assert ENV_KEY not in d, "Message.to_dict must not use the log's reserved key"
     if environment_state is not None:
-        d[ENV_KEY] = dict(environment_state)
-    line = _dumps(d)
+        d[ENV_KEY] = environment_state
+    line = redact_json(dumps(d)).encode("utf-8")  # known secret values masked
     assert line.startswith(MESSAGE_PREFIX), "Message.to_dict must start with 'role'"
     return line + b"\n"
 
 
 def encode_snapshot(environment_state: Mapping[str, Any]) -> bytes:
-    line = _dumps({ENV_KEY: dict(environment_state)})
+    line = redact_json(dumps({ENV_KEY: environment_state})).encode("utf-8")
     assert line.startswith(SNAPSHOT_PREFIX)
     return line + b"\n"
 
@@ -74,12 +74,12 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def _cut_torn_tail(fd: int, path: Path) -> None:
-    """If the file does not end with a newline, truncate it after its last newline (the bytes cut
-    were never acknowledged: a writer died in the middle of its write)."""
-    size = os.fstat(fd).st_size
+def _cut_torn_tail(fd: int, path: Path, size: int) -> int:
+    """If the file (`size` bytes) does not end with a newline, truncate it after its last newline
+    (the bytes cut were never acknowledged: a writer died in the middle of its write). Returns
+    the size after."""
     if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
-        return
+        return size
     end = size
     keep = 0
     while end > 0:
@@ -97,6 +97,7 @@ def _cut_torn_tail(fd: int, path: Path) -> None:
         ),
         stacklevel=2,
     )
+    return keep
 
 
 def open_log(path: Path) -> int:
@@ -104,10 +105,50 @@ def open_log(path: Path) -> int:
     return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
 
 
-def append(path: Path, data: bytes, *, fsync: bool, blocking: bool) -> bool:
-    """Append `data` (whole lines) under the file's lock; fsync if asked.
+def count_message_lines(chunk: bytes) -> int:
+    """How many message lines `chunk` (whole lines, starting at a line boundary) holds."""
+    return chunk.count(b"\n" + MESSAGE_PREFIX) + chunk.startswith(MESSAGE_PREFIX)
 
-    With `blocking=False` returns False at once, having written nothing, if another writer holds
+
+@dataclass(frozen=True)
+class Tail:
+    """What one writer last knew of a log: its inode, its size after that writer's append (a
+    line boundary) and how many message lines it held then (None: not counted). If the file
+    is still that size, nobody else has written since, and the count needs no reading."""
+
+    ino: int
+    size: int
+    count: int | None
+
+
+class LogConflict(Exception):
+    """The log does not hold the number of messages an append was conditional on (the store
+    turns it into SessionConflictError)."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(count)
+        self.count = count
+
+
+def append(
+    path: Path,
+    data: bytes,
+    *,
+    fsync: bool,
+    blocking: bool,
+    messages: int = 0,
+    expected: int | None = None,
+    tail: Tail | None = None,
+) -> Tail | None:
+    """Append `data` (whole lines, `messages` of them message lines) in one `write()` under the
+    file's lock; fsync if asked. Returns what is known of the log after the append.
+
+    With `expected`, the append is conditional: if the log does not hold exactly `expected`
+    message lines, LogConflict is raised and nothing is written (the count is read under the
+    lock, so two conditional writers never both succeed at the same position). `tail` (from
+    this writer's previous append) spares reading the file when nobody else wrote since.
+
+    With `blocking=False` returns None at once, having written nothing, if another writer holds
     the lock. Raises FileNotFoundError if the log does not exist."""
     assert data.endswith(b"\n"), "appends are whole lines"
     fd = open_log(path)
@@ -115,9 +156,21 @@ def append(path: Path, data: bytes, *, fsync: bool, blocking: bool) -> bool:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return False
+            return None
         try:
-            _cut_torn_tail(fd, path)
+            st = os.fstat(fd)
+            count: int | None = None
+            if tail is not None and tail.ino == st.st_ino and tail.size == st.st_size:
+                size, count = st.st_size, tail.count  # nobody wrote since our last append
+            else:
+                size = _cut_torn_tail(fd, path, st.st_size)
+                if tail is not None and tail.ino == st.st_ino and tail.count is not None and size >= tail.size:
+                    count = tail.count + count_message_lines(os.pread(fd, size - tail.size, tail.size))
+            if expected is not None:
+                if count is None:
+                    count = count_message_lines(os.pread(fd, size, 0))
+                if count != expected:
+                    raise LogConflict(count)
             try:
                 _write_all(fd, data)
                 if fsync:
@@ -128,7 +181,7 @@ def append(path: Path, data: bytes, *, fsync: bool, blocking: bool) -> bool:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
-    return True
+    return Tail(st.st_ino, size + len(data), None if count is None else count + messages)
 
 
 def fsync_file(path: Path) -> None:
@@ -153,7 +206,7 @@ def fsync_dir(path: Path) -> None:
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Replace `path` with `data` atomically: a reader sees the old or the new file, never a mix."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    payload = json.dumps(data, ensure_ascii=False, indent=2).encode("utf-8") + b"\n"
+    payload = redact_json(json.dumps(data, ensure_ascii=False, indent=2)).encode("utf-8") + b"\n"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
     try:
         try:
@@ -204,7 +257,7 @@ class LogLock:
     def append(self, data: bytes) -> None:
         """Append whole lines and fsync them (the lock is held)."""
         assert self.fd >= 0 and data.endswith(b"\n")
-        _cut_torn_tail(self.fd, self.path)
+        _cut_torn_tail(self.fd, self.path, os.fstat(self.fd).st_size)
         _write_all(self.fd, data)
         os.fsync(self.fd)
 
@@ -290,29 +343,27 @@ def read_log(path: Path, limit: int | None = None) -> LogContents:
     body = _complete_lines(path)
     if limit is not None:
         body = _prefix(body, limit)
-    dicts: list[dict[str, Any]] = []
+    messages: list[Message] = []
     env: dict[str, Any] | None = None
     env_at: int | None = None
-    for i, record in enumerate(_records(path, body)):
-        if not isinstance(record, dict):
-            raise _corrupt(path, i + 1, "not a JSON object")
-        if "role" in record:
-            state = record.pop(ENV_KEY, None)
-            dicts.append(record)
-        elif ENV_KEY in record and len(record) == 1:
-            state = record[ENV_KEY]
-        else:
-            raise _corrupt(path, i + 1, "not a message or an environment snapshot")
-        if state is not None:
-            if not isinstance(state, dict):
-                raise _corrupt(path, i + 1, "an environment state that is not a JSON object")
-            env, env_at = state, len(dicts)  # positions only grow along the file
-    try:
-        messages = [Message.from_dict(d) for d in dicts]
-    except (KeyError, TypeError, ValueError) as e:
-        raise SessionCorruptError(
-            f"{path}: a line is not a valid message ({e}); restore the file from a backup"
-        ) from None
+    with paused_gc():
+        for i, record in enumerate(_records(path, body)):
+            if type(record) is not dict:
+                raise _corrupt(path, i + 1, "not a JSON object")
+            if "role" in record:
+                state = record.pop(ENV_KEY, None)
+                try:
+                    messages.append(message_from_dict(record))
+                except (KeyError, TypeError, ValueError) as e:
+                    raise _corrupt(path, i + 1, f"not a valid message ({e})") from None
+            elif ENV_KEY in record and len(record) == 1:
+                state = record[ENV_KEY]
+            else:
+                raise _corrupt(path, i + 1, "not a message or an environment snapshot")
+            if state is not None:
+                if type(state) is not dict:
+                    raise _corrupt(path, i + 1, "an environment state that is not a JSON object")
+                env, env_at = state, len(messages)  # positions only grow along the file
     return LogContents(messages, env, env_at)
 
 
@@ -335,5 +386,4 @@ def latest_environment(path: Path) -> dict[str, Any] | None:
 
 def count_messages(path: Path) -> int:
     """How many complete message lines the log holds (no JSON parsing)."""
-    body = _complete_lines(path)
-    return body.count(b"\n" + MESSAGE_PREFIX) + body.startswith(MESSAGE_PREFIX)
+    return count_message_lines(_complete_lines(path))

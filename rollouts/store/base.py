@@ -23,6 +23,8 @@ class SessionStatus(enum.StrEnum):
     COMPLETED = "completed"
     ABORTED = "aborted"
     FAILED = "failed"
+    MAX_TURNS = "max_turns"  # stopped by a limit before the agent finished
+    BUDGET_EXCEEDED = "budget_exceeded"
 
 
 class SessionError(RolloutsError):
@@ -31,6 +33,11 @@ class SessionError(RolloutsError):
 
 class SessionNotFoundError(SessionError):
     """No session has this id in the store."""
+
+
+class SessionConflictError(SessionError):
+    """A conditional append found the session grown (or shrunk) since the caller read it: another
+    process or task continued the same session. Nothing was written."""
 
 
 class SessionCorruptError(SessionError):
@@ -119,9 +126,12 @@ class SessionStore(Protocol):
 
     `get` returns a session's metadata and its full history (a branch's parent prefix included).
     `append_message` may attach the environment's state after that message, so a resume or a
-    branch at any point restores the environment exactly as it was there.
+    branch at any point restores the environment exactly as it was there. With `expected_count`
+    an append is conditional on the session holding that many messages (SessionConflictError
+    otherwise, nothing written): two processes continuing one session cannot interleave turns.
+    `append_messages` writes several at once (all or none).
 
-    The agent loop uses `create`, `append_message`, `message_count` and `update`; the rest
+    The agent loop uses `create`, `append_message(s)`, `message_count`, `get` and `update`; the rest
     serves people and tools (`rollouts sessions`, `resume_session`).
     """
 
@@ -140,7 +150,21 @@ class SessionStore(Protocol):
     async def get(self, session_id: str) -> tuple[AgentSession, Sequence[Message]]: ...
 
     async def append_message(
-        self, session_id: str, message: Message, *, environment_state: Mapping[str, Any] | None = None
+        self,
+        session_id: str,
+        message: Message,
+        *,
+        environment_state: Mapping[str, Any] | None = None,
+        expected_count: int | None = None,
+    ) -> None: ...
+
+    async def append_messages(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        environment_state: Mapping[str, Any] | None = None,
+        expected_count: int | None = None,
     ) -> None: ...
 
     async def message_count(self, session_id: str) -> int: ...

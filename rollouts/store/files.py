@@ -26,6 +26,7 @@ from rollouts.dtypes import Endpoint, Message, now_iso
 from rollouts.store import _log
 from rollouts.store.base import (
     AgentSession,
+    SessionConflictError,
     SessionCorruptError,
     SessionError,
     SessionNotFoundError,
@@ -58,13 +59,18 @@ class FileSessionStore:
     N-th message of a session (batching), and `update()` and `aclose()` fsync what is pending;
     0 leaves message fsyncs to `update()`/`aclose()` alone.
 
-    Trio: an append without fsync runs directly on the event loop: open, flock, write, close on
-    the page cache cost about 15 us, while a trip through `trio.to_thread.run_sync` costs 7-12x
-    that (`benchmarks/store.py` measures both). An fsync (0.5-3 ms) and whatever reads or
-    writes whole files (get, update, branch, list) run in a worker thread, so the event loop
-    keeps running. If another writer holds a session's lock, the append waits for it in a
-    thread, never on the event loop. Appends are atomic under cancellation: either the message
-    is written, or `trio.Cancelled` is raised before anything was.
+    Trio: an append's write runs directly on the event loop: flock, write, unlock on the page
+    cache cost microseconds, while a trip through `trio.to_thread.run_sync` costs 5-10x that
+    (`benchmarks/store.py` measures both). Only the fsync (0.5-3 ms), once the line is written,
+    runs in a worker thread (shielded), and so does whatever reads or writes whole files (get,
+    update, branch, list). If another writer holds a session's lock, the append waits for it
+    in a thread, never on the event loop. Appends are atomic under cancellation: either the
+    message is written, or `trio.Cancelled` is raised before anything was. `append_messages`
+    writes several messages in one `write()`.
+
+    Two writers continuing one session: pass `expected_count` and an append is conditional on
+    the session's length, checked under the log's lock (SessionConflictError, nothing written,
+    if it grew). The agent loop always does: two runs never interleave their turns.
 
     Files are private to the user (directories 0700, files 0600).
     """
@@ -76,6 +82,8 @@ class FileSessionStore:
         self.fsync_every = fsync_every
         self._unsynced: dict[str, int] = {}
         self._log_paths: dict[str, Path] = {}
+        self._tails: dict[str, _log.Tail] = {}  # what this store last wrote to each log
+        self._bases: dict[str, int] = {}  # each session's branch point (never changes)
 
     def __repr__(self) -> str:
         return f"FileSessionStore({str(self.root)!r}, fsync_every={self.fsync_every})"
@@ -248,8 +256,11 @@ class FileSessionStore:
             if session.environment_state is not None:
                 os.write(fd, _log.encode_snapshot(session.environment_state))
             os.fsync(fd)
+            st = os.fstat(fd)
         finally:
             os.close(fd)
+        # this store knows the new log: its first conditional append needs no reading
+        self._remember(session_id, _log.Tail(st.st_ino, st.st_size, 0), session.branch_point or 0)
         # session.json last: a directory without it is an incomplete creation, never a session
         _log.write_json_atomic(directory / _META, session.to_dict())
         _log.fsync_dir(self.root)
@@ -268,6 +279,10 @@ class FileSessionStore:
             session = session.with_updates(environment_state=env)
         return session, messages
 
+    async def metadata(self, session_id: str) -> AgentSession:
+        """The session's metadata as stored (its messages are not read)."""
+        return await trio.to_thread.run_sync(self._read_meta, session_id)
+
     async def messages(self, session_id: str, limit: int | None = None) -> builtins.list[Message]:
         """The first `limit` messages of the session's history (all if None), e.g. for a preview."""
         if limit is not None and limit < 0:
@@ -275,25 +290,106 @@ class FileSessionStore:
         return await trio.to_thread.run_sync(lambda: self._history(self._read_meta(session_id), limit)[0])
 
     async def append_message(
-        self, session_id: str, message: Message, *, environment_state: Mapping[str, Any] | None = None
+        self,
+        session_id: str,
+        message: Message,
+        *,
+        environment_state: Mapping[str, Any] | None = None,
+        expected_count: int | None = None,
     ) -> None:
-        """Append `message` (with the environment's state after it, if given) to the session's log."""
+        """Append `message` (with the environment's state after it, if given) to the session's log.
+
+        With `expected_count` (how many messages the caller knows the session holds), the append
+        is conditional: if the session has grown (or shrunk) meanwhile, e.g. another process
+        continued it, SessionConflictError is raised and nothing is written. The check and the
+        write happen under the log's lock, so of two writers at the same position only one wins."""
         data = _log.encode_message(message, environment_state)
+        await self._append(session_id, data, 1, expected_count)
+
+    async def append_messages(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        environment_state: Mapping[str, Any] | None = None,
+        expected_count: int | None = None,
+    ) -> None:
+        """Append several messages in one write (all or none), the environment's state after the
+        last one going with it. `expected_count` as for `append_message`. `fsync_every` counts
+        each message: the batch is fsynced (once) if it brings the messages not yet fsynced to
+        `fsync_every` or more, so never more than `fsync_every - 1` acknowledged messages wait
+        for an fsync, as with one message at a time."""
+        if not messages:
+            await trio.lowlevel.checkpoint()
+            return
+        last = len(messages) - 1
+        data = b"".join(
+            _log.encode_message(m, environment_state if i == last else None) for i, m in enumerate(messages)
+        )
+        await self._append(session_id, data, len(messages), expected_count)
+
+    async def _append(self, session_id: str, data: bytes, n: int, expected_count: int | None) -> None:
+        """Write on the event loop when the log's lock is free (a small write to the page cache
+        costs microseconds; a thread hop costs 5-10x that), in a worker thread when it is held or
+        the file must be read first; an fsync always runs in a worker thread, shielded."""
         path = self._log_path(session_id)
-        n = self._unsynced.get(session_id, 0) + 1
-        sync = self.fsync_every > 0 and n >= self.fsync_every
+        unsynced = self._unsynced.get(session_id, 0) + n
+        sync = self.fsync_every > 0 and unsynced >= self.fsync_every
         await trio.lowlevel.checkpoint_if_cancelled()
+        tail = self._tails.get(session_id)
+        base = self._bases.get(session_id) if expected_count is not None else 0
+
+        def in_thread() -> _log.Tail | None:
+            own = None if expected_count is None else expected_count - self._base_sync(session_id)
+            return _log.append(path, data, fsync=False, blocking=True, messages=n, expected=own, tail=tail)
+
         try:
-            if sync:
-                await trio.to_thread.run_sync(lambda: _log.append(path, data, fsync=True, blocking=True))
-            elif not _log.append(path, data, fsync=False, blocking=False):
-                await trio.to_thread.run_sync(lambda: _log.append(path, data, fsync=False, blocking=True))
+            new: _log.Tail | None = None
+            if base is not None and (expected_count is None or (tail is not None and tail.count is not None)):
+                own = None if expected_count is None else expected_count - base
+                new = _log.append(path, data, fsync=False, blocking=False, messages=n, expected=own, tail=tail)
+            if new is None:  # the lock is held elsewhere, or the log must be counted: not on the loop
+                new = await trio.to_thread.run_sync(in_thread)
         except FileNotFoundError:
             if not path.parent.is_dir():
                 raise self._not_found(session_id) from None
             raise SessionCorruptError(f"{path} is missing; the session's messages are lost") from None
-        self._unsynced[session_id] = 0 if sync else n
+        except _log.LogConflict as e:
+            assert expected_count is not None
+            actual = e.count + self._bases.get(session_id, 0)
+            raise SessionConflictError(
+                f"session {session_id} now holds {actual} messages, not the {expected_count} this append "
+                "expected: another process or task continued it meanwhile, and nothing was written. "
+                f"Resume it again (resume_session, or `rollouts run --session {session_id}`) to continue "
+                "from its latest message"
+            ) from None
+        assert new is not None
+        self._remember(session_id, new)
+        if sync:  # the line is written: make it durable whatever is cancelled meanwhile
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(_log.fsync_file, path)
+            unsynced = 0
+        self._unsynced[session_id] = unsynced
         await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def _remember(self, session_id: str, tail: _log.Tail, base: int | None = None) -> None:
+        if len(self._tails) >= _PATH_CACHE:
+            self._tails.clear()
+        self._tails[session_id] = tail
+        if base is not None:
+            if len(self._bases) >= _PATH_CACHE:
+                self._bases.clear()
+            self._bases[session_id] = base
+
+    def _base_sync(self, session_id: str) -> int:
+        """How many messages the session reads through its parent (its branch point), cached."""
+        base = self._bases.get(session_id)
+        if base is None:
+            base = self._read_meta(session_id).branch_point or 0
+            if len(self._bases) >= _PATH_CACHE:
+                self._bases.clear()
+            self._bases[session_id] = base
+        return base
 
     async def message_count(self, session_id: str) -> int:
         """How many messages `get` would return (without parsing them)."""

@@ -1,4 +1,5 @@
-"""Built-in scripted models for offline demos and CLI tests: `--model scripted/NAME`.
+"""Built-in scripted models for offline demos and tests: `--model scripted/NAME`, or
+`BaseModelConfig("scripted/NAME").to_endpoint()` from Python (which creates them on first use).
 
     echo        answers "You said: <your message>" (with a short thinking block first)
     calculator  solves "what is 7 + 5 * 3?" left to right with the calculator tools when the
@@ -122,7 +123,7 @@ def _shell(request: ScriptedRequest) -> ReplyLike:
         return "I need a bash tool: run me with --env coding."
     last = request.messages[-1] if request.messages else None
     if last is not None and last.role == "tool":
-        if last.details and last.details.get("is_error"):
+        if last.is_error:
             return f"The command did not run: {last.text}"
         return f"Done. Output:\n{last.text.strip()}"
     return ScriptedReply(

@@ -1,0 +1,134 @@
+"""Issue 14 item 3: layers point one way, checked on the source.
+
+The library never imports the CLI; no module imports another package's private (`_x`) modules;
+the CLI continues sessions with the store's own resume functions.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from cli_support import run_cli
+
+from rollouts import Message, ToolCallContent
+from rollouts.dtypes import Endpoint
+from rollouts.store import FileSessionStore
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "rollouts"
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module `path` imports (`from package import module` included)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+            names += [f"{node.module}.{a.name}" for a in node.names if _is_module(f"{node.module}.{a.name}")]
+    return names
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_layers_point_one_way_the_library_never_imports_the_cli() -> None:
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if (PACKAGE / "cli") in path.parents:
+            continue
+        offenders += [f"{_module_name(path)} imports {n}" for n in _imports(path) if n.startswith("rollouts.cli")]
+    assert offenders == []
+
+
+def test_layers_point_one_way_no_package_imports_another_packages_private_modules() -> None:
+    offenders = []
+    for path in [*PACKAGE.rglob("*.py"), *(ROOT / "examples").rglob("*.py")]:
+        importer = _module_name(path)
+        for name in _imports(path):
+            parts = name.split(".")
+            private = next((i for i, p in enumerate(parts) if p.startswith("_") and not p.startswith("__")), None)
+            if private is None or parts[0] != "rollouts":
+                continue
+            owner = ".".join(parts[:private])  # the package the private module belongs to
+            if owner == "rollouts":
+                continue  # rollouts._schema & co: private to the library as a whole
+            if not (importer == owner or importer.startswith(owner + ".")):
+                offenders.append(f"{importer} imports {name}")
+    assert offenders == []
+
+
+async def test_layers_point_one_way_the_cli_resumes_with_the_stores_pending_tool_calls(tmp_path: Path) -> None:
+    """A reply cut short mid-stream (details.aborted) asks for nothing: the CLI used a copy of
+    pending_tool_calls without that check and ran the half-streamed call on continuing."""
+    store = FileSessionStore(tmp_path / "sessions")
+    session = await store.create(
+        endpoint=Endpoint("scripted", "echo"),
+        environment_type="rollouts.environments.calculator:CalculatorEnvironment",
+        environment_state={"current_value": 0.0},
+    )
+    cut_short = Message("assistant", (ToolCallContent("call_x", "add", {"value": 5}),), details={"aborted": True})
+    for m in (Message("user", "add 5"), cut_short):
+        await store.append_message(session.session_id, m)
+    r = run_cli("run", "--session", session.session_id, "-p", "never mind", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "unfinished tool calls" not in r.stderr
+    stored, messages = await store.get(session.session_id)
+    assert stored.environment_state == {"current_value": 0.0}  # the cut-short call never ran
+    assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
+
+
+def test_a_public_surface_grouped_by_concept() -> None:
+    """Issue 14 item 5: the root holds the core; the store, GEPA internals, the local model,
+    testing and provider plumbing live in their packages' `__all__`."""
+    import importlib
+
+    import rollouts
+
+    assert len(rollouts.__all__) == len(set(rollouts.__all__)) <= 90
+    for name in rollouts.__all__:
+        assert getattr(rollouts, name) is not None
+    moved = {
+        "rollouts.store": [
+            "FileSessionStore",
+            "AgentSession",
+            "SessionStatus",
+            "SessionRecoveryWarning",
+            "resume_session",
+        ],
+        "rollouts.gepa": ["GEPAAdapter", "RolloutsAdapter", "GEPAEngine", "ParetoFront"],
+        "rollouts.local_model": ["LocalServerSettings", "ensure_local_server", "shutdown_local_server"],
+        "rollouts.testing": ["FakeServer", "open_fake_server"],
+        "rollouts.providers": ["get_provider_function", "known_providers", "client_scope", "retry_policy"],
+        "rollouts.providers.scripted": ["ScriptedRequest", "ScriptExhaustedError"],
+        "rollouts.events": ["TextDelta", "ToolCallEnd", "ToolResultReceived", "StreamDone", "ignore_chunk"],
+        "rollouts.errors": ["ModelFileError"],
+        "rollouts.partial_json": ["parse_partial_json"],
+    }
+    for module_name, names in moved.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            assert name not in rollouts.__all__, f"{name} belongs to {module_name}"
+            assert getattr(module, name) is not None
+    for module_name in (
+        "rollouts.store",
+        "rollouts.gepa",
+        "rollouts.local_model",
+        "rollouts.testing",
+        "rollouts.events",
+    ):
+        module = importlib.import_module(module_name)
+        assert all(hasattr(module, n) for n in module.__all__), module_name
+    # the core is at the root
+    for name in ("run_agent", "RunConfig", "Message", "evaluate", "exact_match", "CalculatorEnvironment", "optimize"):
+        assert name in rollouts.__all__
