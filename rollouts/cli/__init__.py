@@ -34,6 +34,8 @@ examples:
   rollouts gepa train.jsonl -m local/qwen2.5-coder-0.5b --reflection-model anthropic/claude-sonnet-4-5 \\
       --score exact_match --system-prompt "Answer briefly." --budget 200
   rollouts sessions list
+  rollouts view results/ ~/.rollouts/sessions        # browse sessions, eval runs and GEPA runs
+  rollouts service serve --workers 2                 # the rollout service: HTTP API + 2 workers, embedded DB
   rollouts demo                                      # the whole stack offline, no key
   rollouts doctor
 
@@ -49,8 +51,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("rollouts.cli.eval", "run a dataset through an agent and score it"),
     "sessions": ("rollouts.cli.sessions", "list, show, branch and export recorded sessions"),
     "gepa": ("rollouts.cli.gepa", "evolve a prompt with GEPA"),
+    "view": ("rollouts.cli.view", "browse sessions, evaluations and GEPA runs in a web page"),
     "demo": ("rollouts.cli.demo", "run the demo on the embedded local model (offline, no key)"),
     "doctor": ("rollouts.cli.doctor", "check the installation, keys, local model and storage"),
+    "service": ("rollouts.cli.service", "run the rollout service (API + workers) and manage its tokens"),
 }
 
 

@@ -1,0 +1,207 @@
+"""How a worker runs one task: the agent version's endpoint and environment, the batch's system
+prompt, `evaluate_sample` (the same code path as `evaluate()`), the score function if the batch
+names one, and the outcome as a JSON result.
+
+A task's input is `{"user_message": str}` or `{"messages": [Message JSON, ...]}`, with an
+optional `context` object. The row the score function sees is the context's fields plus
+`user_message` / `messages` / `context`, so built-in scorers find `answer` in the context.
+
+Provider keys come only from the worker's environment (the endpoint spec names the variable
+with `api_key_env`); a key value is scrubbed from every error and result before it is stored.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rollouts.config import BaseModelConfig
+from rollouts.dtypes import Endpoint, Message
+from rollouts.errors import AuthenticationError
+from rollouts.eval import scorers
+from rollouts.eval.config import EvalConfig, Row
+from rollouts.eval.run import evaluate_sample
+from rollouts.eval.sample import Sample
+
+__all__ = [
+    "BUILTIN_SCORERS",
+    "ENVIRONMENTS",
+    "TaskOutcome",
+    "endpoint_from_spec",
+    "resolve_environment",
+    "resolve_score",
+    "run_task",
+    "task_messages",
+]
+
+# Environments a batch may name (tools that touch the worker's files or network are opt-in by
+# reference, `module:Class`, since a worker runs tasks for whoever holds a token).
+ENVIRONMENTS: dict[str, str] = {
+    "basic": "rollouts.environments.basic:BasicEnvironment",
+    "calculator": "rollouts.environments.calculator:CalculatorEnvironment",
+}
+
+BUILTIN_SCORERS: dict[str, Callable[[], Any]] = {
+    "exact_match": lambda: scorers.exact_match(),
+    "exact_match_tag": lambda: scorers.exact_match(extract=scorers.extract_tag("answer")),
+    "boxed_match": lambda: scorers.exact_match(extract=scorers.extract_boxed),
+    "numeric_match": lambda: scorers.numeric_match(),
+    "contains": lambda: scorers.contains(),
+}
+
+
+def _import(ref: str, what: str) -> Any:
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{what} must be a built-in name or module:attribute, got {ref!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"{what} {ref!r}: cannot import {module_name!r} on this worker ({e})") from None
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise ValueError(f"{what} {ref!r}: {module_name!r} has no attribute {attr!r}")
+    return obj
+
+
+def resolve_score(ref: str | None) -> Callable[[Sample], Any] | None:
+    """A score function from a built-in scorer name (comma-separated names combine, each
+    weighted 1) or `module:function`."""
+    if not ref:
+        return None
+    if ":" in ref:
+        fn = _import(ref, "score")
+        if not callable(fn):
+            raise ValueError(f"score {ref!r} is not a function")
+        return fn  # type: ignore[no-any-return]
+    names = [n.strip() for n in ref.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BUILTIN_SCORERS]
+    if unknown or not names:
+        raise ValueError(
+            f"unknown scorer {', '.join(unknown) or ref!r}; built-in scorers: {', '.join(sorted(BUILTIN_SCORERS))}, "
+            "or module:function"
+        )
+    return scorers.combine(*(scorers.metric(n, BUILTIN_SCORERS[n](), weight=1.0) for n in names))
+
+
+def resolve_environment(ref: str | None) -> Callable[[], Any] | None:
+    """A factory for the environment named `ref` (None: the agent has no tools)."""
+    if not ref or ref == "none":
+        return None
+    target = ENVIRONMENTS.get(ref, ref)
+    cls = _import(target, "environment")
+    if not callable(cls):
+        raise ValueError(f"environment {ref!r} is not a class or factory")
+    return cls  # type: ignore[no-any-return]
+
+
+def endpoint_from_spec(spec: Mapping[str, Any], model: str | None = None) -> Endpoint:
+    """The Endpoint an agent version's spec describes, its key read from this process's
+    environment (MissingAPIKeyError names the variable)."""
+    data = dict(spec)
+    if model:
+        data["model"] = model
+    return BaseModelConfig.from_dict(data, source="agent endpoint").to_endpoint()
+
+
+def task_messages(task_input: Mapping[str, Any], system_prompt: str) -> list[Message]:
+    msgs: list[Message] = []
+    given = task_input.get("messages")
+    if given is not None:
+        msgs = [m if isinstance(m, Message) else Message.from_dict(m) for m in given]
+    else:
+        msgs = [Message("user", str(task_input.get("user_message", "")))]
+    if system_prompt and not (msgs and msgs[0].role == "system"):
+        msgs.insert(0, Message("system", system_prompt))
+    return msgs
+
+
+def task_row(task_input: Mapping[str, Any]) -> dict[str, Any]:
+    context = task_input.get("context") or {}
+    row: dict[str, Any] = dict(context) if isinstance(context, Mapping) else {}
+    row.update({k: v for k, v in task_input.items() if k in ("user_message", "messages", "context")})
+    return row
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    status: str  # completed | failed | timeout
+    result: dict[str, Any] | None
+    error: str | None
+    execution_time_ms: int
+
+
+def _scrub(text: str | None, secrets: tuple[str, ...]) -> str | None:
+    if text is None:
+        return None
+    for s in secrets:
+        if s and s in text:
+            text = text.replace(s, "***")
+    return text
+
+
+def _scrub_json(data: dict[str, Any], secrets: tuple[str, ...]) -> dict[str, Any]:
+    text = json.dumps(data)
+    if not any(s and s in text for s in secrets):
+        return data
+    return json.loads(_scrub(text, secrets) or "{}")  # type: ignore[no-any-return]
+
+
+async def run_task(
+    task_input: Mapping[str, Any],
+    task_id: str,
+    *,
+    endpoint: Endpoint,
+    system_prompt: str,
+    max_turns: int,
+    time_limit_s: float,
+    timeout_reason: str,
+    score_fn: Callable[[Sample], Any] | None = None,
+    environment_factory: Callable[[], Any] | None = None,
+    provider_error_retries: int = 2,
+) -> TaskOutcome:
+    """Run one task through `evaluate_sample`; never raises for a problem of the task (only
+    cancellation propagates)."""
+    started = time.perf_counter()
+    secrets = (endpoint.api_key,) if len(endpoint.api_key) >= 4 else ()
+
+    def prepare(row: Row) -> list[Message]:
+        return task_messages(task_input, system_prompt)
+
+    config = EvalConfig(
+        endpoint=endpoint,
+        score_fn=score_fn,
+        prepare_messages=prepare,
+        environment_factory=environment_factory,
+        max_turns=max_turns,
+        sample_timeout_s=max(time_limit_s, 0.001),
+        provider_error_retries=provider_error_retries,
+        retry_backoff_s=0.2,
+        retry_backoff_max_s=5.0,
+        show_progress=False,
+        eval_name="service",
+    )
+    try:
+        sample = await evaluate_sample(task_row(task_input), task_id, config)
+    except AuthenticationError as e:
+        ms = int((time.perf_counter() - started) * 1000)
+        return TaskOutcome("failed", None, _scrub(f"authentication failed: {e}", secrets), ms)
+    ms = int((time.perf_counter() - started) * 1000)
+    status = "completed"
+    error = sample.error
+    if sample.status != "completed":
+        status = "failed"
+        if error and error.startswith("timed out after"):
+            status, error = "timeout", f"timed out after {time_limit_s:g}s ({timeout_reason})"
+    result = {
+        "trajectory": sample.trajectory.to_dict() if sample.trajectory is not None else None,
+        "score": sample.score.to_dict() if sample.score is not None else None,
+        "stop_reason": sample.stop_reason,
+        "usage": sample.metadata.get("usage"),
+        "turns": sample.metadata.get("turns"),
+    }
+    return TaskOutcome(status, _scrub_json(result, secrets), _scrub(error, secrets), ms)

@@ -1,0 +1,296 @@
+"""GEPA jobs: started through the API, run by the server with the same engine as `optimize()`.
+
+`POST /v1/agents/{id}/gepa` stores a job; `GEPAJobs.run()` (in every `rollouts service serve`)
+claims jobs under a lease and runs each with `optimize(adapter=ServiceAdapter(...))`, whose
+evaluations are batches on the store executed by the workers and scored there with the job's
+score function. Progress (metric calls, best score, candidates) is written to the job as the
+run goes, and the engine's checkpoint after every iteration. A server restarted mid-job takes
+the job back when its lease expires and resumes from the checkpoint; the evaluations it repeats
+find their batches again by idempotency key, so no rollout is paid for twice. On completion the
+best prompt becomes a new agent version (`source: "gepa"`, parent: the version the job started
+from), promoted if the request asked for it.
+
+The reflection model's key, like the workers' keys, comes from the server's environment
+(`reflection_model.api_key_env`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import trio
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from rollouts.config import BaseModelConfig
+from rollouts.errors import RolloutsError
+from rollouts.gepa.checkpoint import STATE_FILE
+from rollouts.gepa.events import GEPAEvent
+from rollouts.gepa.optimize import optimize
+from rollouts.service import accounts, jobs, queue
+from rollouts.service.accounts import VersionSpec, new_id
+from rollouts.service.api import (
+    _times,
+    not_found,
+    ok,
+    parse_endpoint,
+    parse_score,
+    parse_tasks,
+    progress_stream,
+    read_body,
+)
+from rollouts.service.gepa_adapter import ServiceAdapter
+from rollouts.service.requests import boolean, integer, number, string
+from rollouts.service.store import Store
+
+__all__ = ["GEPAJobs"]
+
+_log = logging.getLogger("rollouts.service.gepa_jobs")
+_TERMINAL = ("completed", "failed", "cancelled")
+
+
+def _describe(e: BaseException) -> str:
+    """`Type: message` of the error, or of each error inside (nested) exception groups."""
+    if isinstance(e, BaseExceptionGroup):
+        return "; ".join(_describe(x) for x in e.exceptions if not isinstance(x, trio.Cancelled))
+    return f"{type(e).__name__}: {e}"
+
+
+class GEPAJobs:
+    """Claims and runs GEPA jobs (see the module docstring); also serves the job routes."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        data_dir: str | None = None,
+        lease_s: float = 30.0,
+        max_jobs: int = 2,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.data_dir = Path(data_dir or os.path.join(tempfile.gettempdir(), "rollouts-gepa-jobs"))
+        self.lease_s = lease_s
+        self.max_jobs = max_jobs
+        self.poll_s = poll_s
+        self.owner = f"{socket.gethostname()}-{os.getpid()}-{new_id('srv')}"
+        self._wake = trio.Event()
+        self._running = 0
+
+    # ---- the runner -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            while True:
+                if self._running < self.max_jobs:
+                    job = await self.store.call(jobs.claim_job, self.owner, self.lease_s)
+                    if job is not None:
+                        self._running += 1
+                        nursery.start_soon(self._run_job, job)
+                        continue
+                with trio.move_on_after(self.poll_s):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+
+    async def _run_job(self, job: dict[str, Any]) -> None:
+        try:
+            await self._execute(job)
+        except Exception as e:
+            error = _describe(e)
+            _log.error("GEPA job %s failed: %s", job["job_id"], error)
+            with trio.CancelScope(shield=True):
+                await self.store.call(jobs.finish_job, job["job_id"], self.owner, status="failed", error=error)
+        finally:
+            self._running -= 1
+            self._wake.set()
+
+    async def _keep_lease(self, job_id: str, scope: trio.CancelScope, cancelled: list[bool]) -> None:
+        while True:
+            await trio.sleep(self.lease_s / 3)
+            state = await self.store.call(jobs.renew_job, self.owner, job_id, self.lease_s)
+            if state != "ok":
+                cancelled.append(state == "cancel")
+                scope.cancel()
+                return
+
+    async def _batch_runner(self, job: dict[str, Any]) -> Any:
+        cfg = job["config"]
+        ws, agent_id, version = job["workspace_id"], job["agent_id"], job["base_version"]
+        poll_timeout = float(cfg.get("poll_timeout_s", 600.0))
+
+        async def run_batch(tasks: list[dict[str, Any]], system_prompt: str, key: str) -> list[dict[str, Any] | None]:
+            summary, _ = await self.store.call(
+                queue.create_batch,
+                workspace_id=ws,
+                agent_id=agent_id,
+                agent_version=version,
+                system_prompt=system_prompt,
+                tasks=[(t["task_id"], {k: v for k, v in t.items() if k != "task_id"}) for t in tasks],
+                config={"score": cfg["score"], "parallelism": cfg["parallelism"], "gepa_job": job["job_id"]},
+                parallelism=int(cfg["parallelism"]),
+                timeout_per_task_ms=int(cfg["timeout_per_task_ms"]),
+                deadline_s=poll_timeout,
+                idempotency_key=key,
+            )
+            bid = summary["batch_id"]
+            delay = 0.02
+            while True:
+                state = await self.store.read(queue.get_batch, ws, bid, 0, len(tasks))
+                assert state is not None
+                if state["progress"]["pending"] == 0:
+                    by_id = {r["task_id"]: r for r in state["results"]}
+                    return [by_id.get(t["task_id"]) for t in tasks]
+                await trio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+        return run_batch
+
+    async def _execute(self, job: dict[str, Any]) -> None:
+        job_id, cfg = job["job_id"], job["config"]
+        ws, agent_id = job["workspace_id"], job["agent_id"]
+        base = await self.store.read(accounts.get_version, ws, agent_id, job["base_version"])
+        if base is None:
+            raise RolloutsError(f"agent {agent_id} version {job['base_version']} no longer exists")
+        # One run directory per server process: two servers never write the same files (one
+        # whose lease lapsed may still be running until its next renewal tells it to stop).
+        # A resumed job starts from the checkpoint in the database.
+        run_dir = self.data_dir / job_id / self.owner
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if job["checkpoint"]:
+            (run_dir / STATE_FILE).write_text(job["checkpoint"], encoding="utf-8")
+        reflection = BaseModelConfig.from_dict(cfg["reflection_model"], source="reflection_model").to_endpoint()
+        adapter = ServiceAdapter(await self._batch_runner(job), key_prefix=f"gepa:{job_id}")
+
+        async def on_event(event: GEPAEvent) -> None:
+            if event.kind not in ("seed_evaluated", "iteration_end", "new_best", "checkpoint"):
+                return
+            checkpoint = None
+            if event.kind == "checkpoint":
+                checkpoint = await trio.Path(run_dir / STATE_FILE).read_text(encoding="utf-8")
+            await self.store.call(
+                jobs.save_progress,
+                job_id,
+                self.owner,
+                metric_calls=event.metric_calls,
+                best_score=event.best_score,
+                candidates=event.candidates,
+                checkpoint=checkpoint,
+            )
+
+        cancelled: list[bool] = []
+        scope = trio.CancelScope()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._keep_lease, job_id, scope, cancelled)
+            result = await optimize(
+                cfg.get("seed_prompt") if cfg.get("seed_prompt") is not None else base["system_prompt"],
+                cfg["trainset"],
+                cfg.get("valset") or cfg["trainset"],
+                adapter=adapter,
+                reflection_endpoint=reflection,
+                max_metric_calls=int(cfg["max_metric_calls"]),
+                reflection_minibatch_size=cfg.get("minibatch_size"),
+                seed=cfg.get("seed"),
+                score_threshold=cfg.get("score_threshold"),
+                run_dir=run_dir,
+                callbacks=[on_event],
+                cancel_scope=scope,
+            )
+            nursery.cancel_scope.cancel()
+        if cancelled and not cancelled[0]:
+            return  # the lease was lost: another server has the job now
+        best = result.best_candidate.get("system_prompt", "")
+        lineage = [
+            {"idx": c.idx, "parents": list(c.parents), "origin": c.origin, "val_score": c.val_score}
+            for c in result.candidates
+        ]
+        common: dict[str, Any] = {
+            "lineage": lineage,
+            "metric_calls": result.metric_calls,
+            "best_score": result.best.val_score,
+            "best_prompt": best,
+            "candidates": len(result.candidates),
+        }
+        if cancelled:
+            await self.store.call(jobs.finish_job, job_id, self.owner, status="cancelled", **common)
+            return
+        spec = VersionSpec(
+            endpoint=base["endpoint"],
+            environment=base["environment"],
+            system_prompt=best,
+            max_turns=base["max_turns"],
+            tags=(*base["tags"], f"gepa:{job_id}"),
+        )
+        version = await self.store.call(
+            accounts.add_version, ws, agent_id, spec, source="gepa", parent_version=base["version"]
+        )
+        assert version is not None
+        if job["promote"]:
+            await self.store.call(accounts.promote_version, ws, agent_id, version["version"])
+        await self.store.call(
+            jobs.finish_job, job_id, self.owner, status="completed", created_version=version["version"], **common
+        )
+
+    # ---- routes ---------------------------------------------------------------------------------
+
+    async def create_route(self, ctx: Any, request: Request, ws: str) -> Response:
+        body = await read_body(request, ctx.limits.max_body_bytes)
+        agent_id = request.path_params["agent_id"]
+        trainset = parse_tasks(body, "trainset", ctx.limits.max_tasks, ids_required=False)
+        valset = parse_tasks(body, "valset", ctx.limits.max_tasks, ids_required=False) if "valset" in body else None
+        score = parse_score(body, required=True)
+        budget = integer(body, "max_metric_calls", required=True, minimum=1, maximum=10_000_000)
+        reflection = parse_endpoint(body, "reflection_model")
+        cfg = {
+            "trainset": [{"task_id": t, **inp} for t, inp in trainset],
+            "valset": [{"task_id": t, **inp} for t, inp in valset] if valset else None,
+            "score": score,
+            "max_metric_calls": budget,
+            "parallelism": integer(body, "parallelism", minimum=1, maximum=100_000) or 5,
+            "poll_timeout_s": number(body, "poll_timeout_s", minimum=0.001, maximum=7 * 24 * 3600.0) or 600.0,
+            "timeout_per_task_ms": integer(body, "timeout_per_task_ms", minimum=1, maximum=86_400_000) or 30_000,
+            "score_threshold": number(body, "score_threshold"),
+            "reflection_model": reflection,
+            "seed_prompt": string(body, "seed_prompt", max_len=200_000),
+            "minibatch_size": integer(body, "minibatch_size", minimum=1, maximum=1000),
+            "seed": integer(body, "seed", minimum=0),
+        }
+        promote = boolean(body, "promote") or False
+        version = await self.store.read(accounts.get_version, ws, agent_id, integer(body, "agent_version", minimum=1))
+        if version is None:
+            raise not_found("agent (or agent version)", "agent_id")
+        job = await self.store.call(jobs.create_job, ws, agent_id, version["version"], cfg, int(budget or 0), promote)
+        self._wake.set()
+        return ok(job, 201)
+
+    async def get_route(self, ctx: Any, request: Request, ws: str) -> Response:
+        job = await self.store.read(jobs.get_job, ws, request.path_params["job_id"])
+        if job is None:
+            raise not_found("GEPA job")
+        return ok(job)
+
+    async def cancel_route(self, ctx: Any, request: Request, ws: str) -> Response:
+        jid = request.path_params["job_id"]
+        if not await self.store.call(jobs.cancel_job, ws, jid):
+            raise not_found("GEPA job")
+        job = await self.store.read(jobs.get_job, ws, jid)
+        return ok(job)
+
+    async def events_route(self, ctx: Any, request: Request, ws: str) -> Response:
+        jid = request.path_params["job_id"]
+        if await self.store.read(jobs.get_job, ws, jid) is None:
+            raise not_found("GEPA job")
+
+        async def poll() -> dict[str, Any] | None:
+            job = await self.store.read(jobs.get_job, ws, jid)
+            return _times(job) if job is not None else None
+
+        return StreamingResponse(
+            progress_stream(poll, lambda j: j["status"] in _TERMINAL, ctx.limits.sse_poll_s * 2),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache"},
+        )

@@ -1,0 +1,381 @@
+"""Batches and the task queue on the database: the SQL, as functions of one transaction.
+
+Semantics:
+* **claim**: a worker takes queued tasks under a lease (`lease_owner`, `lease_expires_at` on the
+  database clock). PostgreSQL: `SELECT ... FOR UPDATE OF t SKIP LOCKED`, so workers never wait
+  for each other; SQLite: the claim runs in a `BEGIN IMMEDIATE` transaction (the write lock).
+  A batch's `parallelism` bounds its running tasks (exactly on SQLite; on PostgreSQL two workers
+  claiming at the same instant may each see the same free slots).
+* **heartbeat**: extends the leases a worker holds and tells it which tasks it still holds; a
+  task no longer held (cancelled, batch deadline, lease lost) is stopped by the worker.
+* **finish**: records the result only while the task is queued or running, so a task finished
+  twice (a worker thought dead that comes back) is recorded once, and a late result never
+  overwrites a cancellation or timeout.
+* **sweep**: expired leases go back to the queue (after `max_attempts` the task fails), and the
+  tasks of batches past their deadline are marked `timeout`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rollouts.service._db import Tx
+from rollouts.service.accounts import new_id
+
+__all__ = [
+    "FINISHED",
+    "CANCEL_CHANNEL",
+    "NOTIFY_CHANNEL",
+    "BatchSpec",
+    "Claim",
+    "ClaimedTask",
+    "batch_spec",
+    "batch_status",
+    "cancel_batch",
+    "claim",
+    "claim_tasks",
+    "create_batch",
+    "finish",
+    "get_batch",
+    "heartbeat",
+    "sweep",
+]
+
+NOTIFY_CHANNEL = "rollouts_tasks"  # new or requeued tasks
+CANCEL_CHANNEL = "rollouts_cancel"  # a batch was cancelled: workers check their leases now
+FINISHED = ("completed", "failed", "timeout", "cancelled")
+_SWEEP_LOCK = 4242016
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    batch_id: str
+    task_id: str
+    input: Mapping[str, Any]
+    attempts: int
+    deadline_in_s: float  # seconds left before the batch deadline, on the database clock
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """What a worker needs to run a batch's tasks (immutable once the batch exists)."""
+
+    batch_id: str
+    workspace_id: str
+    agent_id: str
+    agent_version: int
+    system_prompt: str
+    config: Mapping[str, Any]
+    timeout_per_task_ms: int
+    endpoint: Mapping[str, Any]
+    environment: str | None
+    max_turns: int
+
+
+def create_batch(
+    tx: Tx,
+    *,
+    workspace_id: str,
+    agent_id: str,
+    agent_version: int,
+    system_prompt: str,
+    tasks: Sequence[tuple[str, Mapping[str, Any]]],
+    config: Mapping[str, Any],
+    parallelism: int,
+    timeout_per_task_ms: int,
+    deadline_s: float,
+    idempotency_key: str | None = None,
+) -> tuple[dict[str, Any], bool]:
+    """(the batch summary, created). With an `idempotency_key` already used in the workspace,
+    the existing batch is returned instead (created False)."""
+    now = tx.dialect.now
+    if idempotency_key is not None:
+        existing = _batch_with_key(tx, workspace_id, idempotency_key)
+        if existing is not None:
+            return _summary(tx, existing), False
+    bid = new_id("b")
+    # (ON CONFLICT: on PostgreSQL a concurrent request with the same key may have won meanwhile)
+    tx.execute(
+        f"INSERT INTO batches (id, workspace_id, agent_id, agent_version, system_prompt, config, task_count, "
+        f"parallelism, timeout_per_task_ms, idempotency_key, deadline_at, created_at) "
+        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now} + ?, {now}) "
+        "ON CONFLICT (workspace_id, idempotency_key) DO NOTHING",
+        (
+            bid,
+            workspace_id,
+            agent_id,
+            agent_version,
+            system_prompt,
+            json.dumps(dict(config), sort_keys=True),
+            len(tasks),
+            parallelism,
+            timeout_per_task_ms,
+            idempotency_key,
+            float(deadline_s),
+        ),
+    )
+    if tx.rowcount == 0:
+        assert idempotency_key is not None
+        existing = _batch_with_key(tx, workspace_id, idempotency_key)
+        assert existing is not None
+        return _summary(tx, existing), False
+    queued_at = tx.one(f"SELECT {now}")
+    assert queued_at is not None
+    tx.many(
+        "INSERT INTO tasks (batch_id, task_id, seq, input, status, queued_at) VALUES (?, ?, ?, ?, 'queued', ?)",
+        [(bid, tid, n, json.dumps(dict(inp)), queued_at[0]) for n, (tid, inp) in enumerate(tasks)],
+    )
+    if tx.dialect.is_postgres:
+        tx.execute(f"SELECT pg_notify('{NOTIFY_CHANNEL}', ?)", (bid,))
+    return _summary(tx, bid), True
+
+
+def _batch_with_key(tx: Tx, workspace_id: str, key: str) -> str | None:
+    row = tx.one("SELECT id FROM batches WHERE workspace_id = ? AND idempotency_key = ?", (workspace_id, key))
+    return str(row[0]) if row is not None else None
+
+
+def _summary(tx: Tx, batch_id: str) -> dict[str, Any]:
+    row = tx.one("SELECT id, task_count, created_at FROM batches WHERE id = ?", (batch_id,))
+    assert row is not None
+    return {"batch_id": row[0], "task_count": int(row[1]), "status": "queued", "created_at": row[2]}
+
+
+def batch_status(counts: Mapping[str, int], total: int, cancelled: bool) -> str:
+    """queued | running | completed | partial | failed | cancelled, from the tasks' statuses."""
+    if cancelled:
+        return "cancelled"
+    pending = counts.get("queued", 0) + counts.get("running", 0)
+    if pending:
+        return "queued" if counts.get("queued", 0) == total else "running"
+    done = counts.get("completed", 0)
+    if done == total:
+        return "completed"
+    return "partial" if done else "failed"
+
+
+def get_batch(tx: Tx, workspace_id: str, batch_id: str, offset: int = 0, limit: int = 100) -> dict[str, Any] | None:
+    """Status, progress and the finished results among tasks [offset, offset + limit) (in the
+    order they were given), or None (unknown, or another workspace's)."""
+    row = tx.one(
+        "SELECT id, agent_id, agent_version, task_count, cancelled_at, deadline_at, created_at "
+        "FROM batches WHERE id = ? AND workspace_id = ?",
+        (batch_id, workspace_id),
+    )
+    if row is None:
+        return None
+    total = int(row[3])
+    counts = {
+        str(s): int(n)
+        for s, n in tx.execute("SELECT status, COUNT(*) FROM tasks WHERE batch_id = ? GROUP BY status", (batch_id,))
+    }
+    pending = counts.get("queued", 0) + counts.get("running", 0)
+    status = batch_status(counts, total, row[4] is not None)
+    results = []
+    for task_id, tstatus, result, error, ms, attempts, finished in tx.execute(
+        "SELECT task_id, status, result, error, execution_time_ms, attempts, finished_at FROM tasks "
+        "WHERE batch_id = ? AND seq >= ? AND seq < ? ORDER BY seq",
+        (batch_id, offset, offset + limit),
+    ):
+        if tstatus not in FINISHED:
+            continue
+        data = json.loads(result) if result else {}
+        results.append(
+            {
+                "task_id": task_id,
+                "status": tstatus,
+                "trajectory": data.get("trajectory"),
+                "score": data.get("score"),
+                "stop_reason": data.get("stop_reason"),
+                "error": error,
+                "execution_time_ms": ms,
+                "attempts": attempts,
+                "finished_at": finished,
+            }
+        )
+    completed_at = None
+    if not pending:
+        last = tx.one("SELECT MAX(finished_at) FROM tasks WHERE batch_id = ?", (batch_id,))
+        completed_at = row[4] if row[4] is not None else (last[0] if last else None)
+    return {
+        "batch_id": row[0],
+        "agent_id": row[1],
+        "agent_version": row[2],
+        "status": status,
+        "progress": {
+            "total": total,
+            "completed": counts.get("completed", 0),
+            "failed": counts.get("failed", 0),
+            "timeout": counts.get("timeout", 0),
+            "cancelled": counts.get("cancelled", 0),
+            "pending": pending,
+        },
+        "results": results,
+        "next_offset": offset + limit if offset + limit < total else None,
+        "created_at": row[6],
+        "deadline_at": row[5],
+        "completed_at": completed_at,
+    }
+
+
+def cancel_batch(tx: Tx, workspace_id: str, batch_id: str) -> bool:
+    """Cancel what is queued or running (workers stop it at their next heartbeat); False if the
+    batch does not exist in this workspace."""
+    row = tx.one("SELECT cancelled_at FROM batches WHERE id = ? AND workspace_id = ?", (batch_id, workspace_id))
+    if row is None:
+        return False
+    now = tx.dialect.now
+    tx.execute(f"UPDATE batches SET cancelled_at = {now} WHERE id = ? AND cancelled_at IS NULL", (batch_id,))
+    tx.execute(
+        f"UPDATE tasks SET status = 'cancelled', error = 'the batch was cancelled', finished_at = {now}, "
+        f"lease_owner = NULL WHERE batch_id = ? AND status IN ('queued', 'running')",
+        (batch_id,),
+    )
+    if tx.dialect.is_postgres:
+        tx.execute(f"SELECT pg_notify('{CANCEL_CHANNEL}', ?)", (batch_id,))
+    return True
+
+
+def batch_spec(tx: Tx, batch_id: str) -> BatchSpec | None:
+    row = tx.one(
+        "SELECT b.id, b.workspace_id, b.agent_id, b.agent_version, b.system_prompt, b.config, b.timeout_per_task_ms, "
+        "v.endpoint, v.environment, v.max_turns FROM batches b "
+        "JOIN agent_versions v ON v.agent_id = b.agent_id AND v.version = b.agent_version WHERE b.id = ?",
+        (batch_id,),
+    )
+    if row is None:
+        return None
+    return BatchSpec(
+        batch_id=row[0],
+        workspace_id=row[1],
+        agent_id=row[2],
+        agent_version=int(row[3]),
+        system_prompt=row[4],
+        config=json.loads(row[5]),
+        timeout_per_task_ms=int(row[6]),
+        endpoint=json.loads(row[7]),
+        environment=row[8],
+        max_turns=int(row[9]),
+    )
+
+
+def claim(tx: Tx, worker_id: str, limit: int, lease_s: float) -> list[ClaimedTask]:
+    """Take up to `limit` queued tasks (oldest first) under a lease of `lease_s` seconds."""
+    return claim_tasks(tx, worker_id, limit, lease_s).tasks
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a claim took, and whether queued tasks were left because their batches were at
+    their `parallelism` (then a task of those batches ending frees a slot worth claiming)."""
+
+    tasks: list[ClaimedTask]
+    capped: bool
+
+
+def claim_tasks(tx: Tx, worker_id: str, limit: int, lease_s: float) -> Claim:
+    """`claim`, also saying whether batches at their parallelism still have queued tasks."""
+    assert limit > 0 and lease_s > 0
+    now = tx.dialect.now
+    # batches with queued work and free slots (few at a time: the index on tasks(status, ...))
+    open_batches = tx.execute(
+        f"SELECT b.id, b.parallelism, b.deadline_at - {now}, "
+        "(SELECT COUNT(*) FROM tasks r WHERE r.batch_id = b.id AND r.status = 'running') FROM batches b "
+        "WHERE b.id IN (SELECT DISTINCT batch_id FROM tasks WHERE status = 'queued') "
+        f"AND b.cancelled_at IS NULL AND b.deadline_at > {now} ORDER BY b.created_at LIMIT 64"
+    )
+    claimed: list[ClaimedTask] = []
+    capped = len(open_batches) == 64  # (more batches may have queued work)
+    for bid, parallelism, left_s, running in open_batches:
+        want = min(limit - len(claimed), int(parallelism) - int(running))
+        if want <= 0:
+            capped = capped or int(parallelism) <= int(running)
+            continue
+        rows = tx.execute(
+            # (a materialized CTE: as a plain IN-subquery PostgreSQL may rescan it and take more)
+            f"WITH c AS MATERIALIZED (SELECT task_id FROM tasks WHERE batch_id = ? AND status = 'queued' "
+            f"ORDER BY seq LIMIT ?{tx.dialect.skip_locked}) "
+            f"UPDATE tasks SET status = 'running', lease_owner = ?, lease_expires_at = {now} + ?, "
+            f"attempts = attempts + 1, started_at = COALESCE(started_at, {now}) "
+            "WHERE batch_id = ? AND task_id IN (SELECT task_id FROM c) RETURNING task_id, input, attempts",
+            (bid, want, worker_id, float(lease_s), bid),
+        )
+        claimed += [ClaimedTask(bid, tid, json.loads(inp), int(att), float(left_s)) for tid, inp, att in rows]
+        if len(rows) == want and int(parallelism) - int(running) == want:
+            capped = True  # took its last free slots: it may have more queued
+        if len(claimed) >= limit:
+            break
+    return Claim(claimed, capped)
+
+
+def heartbeat(tx: Tx, worker_id: str, lease_s: float) -> set[tuple[str, str]]:
+    """Extend this worker's leases; the (batch_id, task_id) it still holds."""
+    rows = tx.execute(
+        f"UPDATE tasks SET lease_expires_at = {tx.dialect.now} + ? WHERE lease_owner = ? AND status = 'running' "
+        "RETURNING batch_id, task_id",
+        (float(lease_s), worker_id),
+    )
+    return {(str(b), str(t)) for b, t in rows}
+
+
+def finish(
+    tx: Tx,
+    batch_id: str,
+    task_id: str,
+    *,
+    status: str,
+    result: Mapping[str, Any] | None,
+    error: str | None,
+    execution_time_ms: int,
+) -> bool:
+    """Record a task's outcome; False when it was already finished (then nothing changes)."""
+    assert status in ("completed", "failed", "timeout"), status
+    tx.execute(
+        f"UPDATE tasks SET status = ?, result = ?, error = ?, execution_time_ms = ?, finished_at = {tx.dialect.now}, "
+        "lease_owner = NULL, lease_expires_at = NULL "
+        "WHERE batch_id = ? AND task_id = ? AND status IN ('queued', 'running')",
+        (
+            status,
+            json.dumps(dict(result)) if result is not None else None,
+            error,
+            int(execution_time_ms),
+            batch_id,
+            task_id,
+        ),
+    )
+    return tx.rowcount == 1
+
+
+def sweep(tx: Tx, max_attempts: int = 3) -> dict[str, int]:
+    """Mark tasks of batches past their deadline `timeout`, fail tasks whose worker was lost
+    `max_attempts` times, and put other tasks with expired leases back in the queue."""
+    if tx.dialect.is_postgres:
+        got = tx.one(f"SELECT pg_try_advisory_xact_lock({_SWEEP_LOCK})")
+        if not got or not got[0]:
+            return {}  # another process is sweeping right now
+    now = tx.dialect.now
+    tx.execute(
+        f"UPDATE tasks SET status = 'timeout', error = 'the batch deadline passed before the task finished', "
+        f"finished_at = {now}, lease_owner = NULL, lease_expires_at = NULL "
+        f"WHERE status IN ('queued', 'running') AND batch_id IN "
+        f"(SELECT id FROM batches WHERE deadline_at <= {now} AND cancelled_at IS NULL)"
+    )
+    timed_out = tx.rowcount
+    tx.execute(
+        f"UPDATE tasks SET status = 'failed', error = 'the worker running it was lost ' || attempts || ' times', "
+        f"finished_at = {now}, lease_owner = NULL, lease_expires_at = NULL "
+        f"WHERE status = 'running' AND lease_expires_at < {now} AND attempts >= ?",
+        (max_attempts,),
+    )
+    failed = tx.rowcount
+    tx.execute(
+        f"UPDATE tasks SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL "
+        f"WHERE status = 'running' AND lease_expires_at < {now}"
+    )
+    requeued = tx.rowcount
+    if requeued and tx.dialect.is_postgres:
+        tx.execute(f"SELECT pg_notify('{NOTIFY_CHANNEL}', 'requeued')")
+    return {"timeout": timed_out, "failed": failed, "requeued": requeued}

@@ -1,0 +1,105 @@
+"""`serve()`: the API under hypercorn's trio worker, plus (optionally) local worker processes,
+the lease sweeper and the GEPA job runner, in one trio run.
+
+    await serve(db_url, host="127.0.0.1", port=8321, workers=2)
+
+Worker processes are `python -m rollouts.cli service worker`, given the database URL through the
+environment (`ROLLOUTS_SERVICE_DB`, never the command line, which other users can read); a
+worker process that exits is restarted (at most `max_restarts` times in a row within a minute).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from rollouts.service import queue
+from rollouts.service.api import ApiLimits, create_app
+from rollouts.service.store import Store
+
+__all__ = ["DB_ENV", "serve", "worker_command"]
+
+DB_ENV = "ROLLOUTS_SERVICE_DB"
+_log = logging.getLogger("rollouts.service.server")
+
+
+def worker_command(concurrency: int, extra: Sequence[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "rollouts.cli", "service", "worker", "--concurrency", str(concurrency), *extra]
+
+
+async def _worker_process(db_url: str, concurrency: int, n: int, max_restarts: int = 5) -> None:
+    env = {**os.environ, DB_ENV: db_url}
+    failures = 0
+    while True:
+        started = trio.current_time()
+        proc = await trio.lowlevel.open_process(worker_command(concurrency), env=env)
+        try:
+            code = await proc.wait()
+        finally:
+            if proc.returncode is None:
+                with trio.CancelScope(shield=True):
+                    proc.terminate()
+                    with trio.move_on_after(10):
+                        await proc.wait()
+                    if proc.returncode is None:
+                        proc.kill()
+                        await proc.wait()
+        failures = failures + 1 if trio.current_time() - started < 60 else 1
+        _log.warning("worker process %d exited with %s", n, code)
+        if failures > max_restarts:
+            raise RuntimeError(f"worker process {n} exited {failures} times in a row (last code {code})")
+        await trio.sleep(min(0.5 * failures, 5.0))
+
+
+async def _sweeper(store: Store, every_s: float) -> None:
+    while True:
+        await store.call(queue.sweep)
+        await trio.sleep(every_s)
+
+
+async def serve(
+    db_url: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8321,
+    workers: int = 0,
+    worker_concurrency: int = 16,
+    limits: ApiLimits | None = None,
+    gepa_jobs: bool = True,
+    data_dir: str | None = None,
+    job_lease_s: float = 30.0,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled. `task_status.started(url)` reports the bound address. GEPA jobs
+    keep their run directories under `data_dir` (the engine's logs; the checkpoint is also in
+    the database) and hold a lease of `job_lease_s` seconds."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve as hypercorn_serve
+
+    store = await Store.open(db_url, max_connections=16)
+    try:
+        async with trio.open_nursery() as nursery:
+            jobs: Any = None
+            if gepa_jobs:
+                from rollouts.service.gepa_jobs import GEPAJobs
+
+                jobs = GEPAJobs(store, data_dir=data_dir, lease_s=job_lease_s)
+                nursery.start_soon(jobs.run)
+            app = create_app(store, limits=limits, gepa=jobs)
+            config = Config()
+            config.bind = [f"{host}:{port}"]
+            config.accesslog = None
+            config.errorlog = None  # errors are logged by the app, without request details
+            config.graceful_timeout = 1.0
+            binds = await nursery.start(hypercorn_serve, app, config)  # type: ignore[arg-type]
+            nursery.start_soon(_sweeper, store, 5.0)
+            for n in range(workers):
+                nursery.start_soon(_worker_process, db_url, worker_concurrency, n)
+            task_status.started(binds[0])
+    finally:
+        store.close()

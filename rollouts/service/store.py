@@ -1,0 +1,73 @@
+"""The service store: one schema on SQLite (embedded) or PostgreSQL, used from trio.
+
+    store = await Store.open("postgresql://rollouts@db:5432/rollouts")   # or a SQLite path
+    tasks = await store.call(queue.claim, "worker-1", 16, 30.0)
+
+Database drivers are synchronous (sqlite3; psycopg 3's sync API, since its async API needs
+asyncio): every call runs one transaction in a worker thread (`trio.to_thread.run_sync`) under a
+CapacityLimiter as large as the connection pool. The SQL lives in `accounts`, `queue` and
+`jobs`, as functions of one transaction; `call(fn, *args)` runs one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, TypeVar
+
+import trio
+
+from rollouts.service._db import Database, Tx, default_db_url
+from rollouts.service.schema import migrate
+
+__all__ = ["Store", "default_db_url"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Store:
+    """A database for the service (see the module docstring). Open with `Store.open(url)`."""
+
+    def __init__(self, url: str, *, max_connections: int = 8) -> None:
+        self.url = url
+        self.db = Database(url, max_connections=max_connections)
+        self._max = max_connections
+        self._limiter: trio.CapacityLimiter | None = None
+
+    @classmethod
+    async def open(cls, url: str | None = None, *, max_connections: int = 8) -> Store:
+        """The store at `url` (default: the embedded SQLite file), its schema brought up to date."""
+        store = cls(url or default_db_url(), max_connections=max_connections)
+        await trio.to_thread.run_sync(migrate, store.db)
+        return store
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.db.dialect.is_postgres
+
+    async def call(self, fn: Callable[Concatenate[Tx, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`fn(tx, *args, **kwargs)` in one write transaction, in a worker thread."""
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(self._max)
+        return await trio.to_thread.run_sync(self.db.run, lambda tx: fn(tx, *args, **kwargs), limiter=self._limiter)
+
+    async def read(self, fn: Callable[Concatenate[Tx, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Like `call`, in a read transaction (no write lock on SQLite)."""
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(self._max)
+        return await trio.to_thread.run_sync(
+            lambda: self.db.run(lambda tx: fn(tx, *args, **kwargs), write=False), limiter=self._limiter
+        )
+
+    def call_sync(self, fn: Callable[Concatenate[Tx, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`fn` in one transaction, in this thread (for the CLI's one-shot commands)."""
+        return self.db.run(lambda tx: fn(tx, *args, **kwargs))
+
+    def migrate_sync(self) -> int:
+        return migrate(self.db)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.db.dialect.name})"  # (never the URL: it may hold a password)

@@ -1,0 +1,274 @@
+"""The worker: claims tasks from the database and runs them, `concurrency` at a time.
+
+    store = await Store.open(url)
+    await Worker(store, concurrency=32).run()
+
+Any number of workers, on any machines that reach the database, share one queue. A worker
+* claims up to its free slots at once (one transaction), under a lease of `lease_s`;
+* renews its leases every `lease_s / 3` (one UPDATE for all its tasks) and stops any task it
+  no longer holds: cancelled batches, batches past their deadline, leases lost to a pause;
+* runs each task with a time limit of `timeout_per_task_ms`, cut to the batch deadline;
+* records each outcome idempotently (see rollouts.service.queue.finish);
+* sweeps expired leases back into the queue every `lease_s / 2` (any worker or server may);
+* when the queue is empty, waits for a PostgreSQL NOTIFY (new batch, requeued tasks) or, on
+  SQLite, polls with a backoff capped at `max_poll_s`.
+
+A worker killed with SIGKILL loses nothing: its tasks' leases expire and another worker
+reruns them. Stopping a worker (cancelling `run`) puts its running tasks straight back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from rollouts.dtypes import Endpoint
+from rollouts.errors import RolloutsError
+from rollouts.providers import client_scope
+from rollouts.service import queue
+from rollouts.service.accounts import new_id
+from rollouts.service.execution import TaskOutcome, endpoint_from_spec, resolve_environment, resolve_score, run_task
+from rollouts.service.queue import BatchSpec, ClaimedTask
+from rollouts.service.store import Store
+
+__all__ = ["Worker"]
+
+_log = logging.getLogger("rollouts.service.worker")
+
+
+def _release(tx: Any, worker_id: str, keys: list[tuple[str, str]]) -> None:
+    """Put tasks this worker was running back in the queue (it is stopping)."""
+    for batch_id, task_id in keys:
+        tx.execute(
+            "UPDATE tasks SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, attempts = attempts - 1 "
+            "WHERE batch_id = ? AND task_id = ? AND lease_owner = ? AND status = 'running'",
+            (batch_id, task_id, worker_id),
+        )
+
+
+class Worker:
+    """Runs tasks from the store's queue (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        concurrency: int = 16,
+        worker_id: str | None = None,
+        lease_s: float = 30.0,
+        max_attempts: int = 3,
+        max_poll_s: float = 1.0,
+        claim_batch: int = 32,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if lease_s <= 0:
+            raise ValueError(f"lease_s must be > 0, got {lease_s}")
+        self.store = store
+        self.concurrency = concurrency
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{new_id('w')}"
+        self.lease_s = lease_s
+        self.max_attempts = max_attempts
+        self.max_poll_s = max_poll_s
+        self.claim_batch = claim_batch
+        self.completed = 0  # outcomes this worker recorded
+        self._running: dict[tuple[str, str], trio.CancelScope] = {}
+        self._unsettled: list[tuple[str, str]] = []
+        self._idle = trio.Event()
+        self._idle.set()
+        self._specs: dict[str, BatchSpec] = {}
+        self._wake = trio.Event()
+        self._drained = False
+        self._beat_now = trio.Event()
+        self._stop_listen = threading.Event()
+
+    # ---- the loops ------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Work until cancelled (then running tasks are put back in the queue)."""
+        try:
+            async with client_scope(), trio.open_nursery() as nursery:
+                nursery.start_soon(self._heartbeat_loop)
+                nursery.start_soon(self._sweep_loop)
+                if self.store.is_postgres:
+                    nursery.start_soon(self._listen)
+                task_status.started()
+                await self._claim_loop(nursery)
+        finally:
+            self._stop_listen.set()
+            keys = list(self._running) + self._unsettled
+            if keys:
+                with trio.CancelScope(shield=True):
+                    await self.store.call(_release, self.worker_id, keys)
+
+    @property
+    def running(self) -> int:
+        """Tasks running now."""
+        return len(self._running)
+
+    async def wait_idle(self) -> None:
+        """Return when no task is running (at once if none is)."""
+        while self._running:
+            await self._idle.wait()
+
+    def _work_arrived(self) -> None:
+        """New or requeued tasks (a NOTIFY, a sweep): claim at once."""
+        self._drained = False
+        self._wake.set()
+
+    def _slot_freed(self) -> None:
+        """A task ended: claim again, unless the last claim found the queue empty (then new
+        work announces itself, or the poll timer finds it)."""
+        if not self._drained:
+            self._wake.set()
+
+    async def _sleep_until_woken(self, at_most_s: float) -> None:
+        with trio.move_on_after(at_most_s):
+            await self._wake.wait()
+        self._wake = trio.Event()
+
+    async def _claim_loop(self, nursery: trio.Nursery) -> None:
+        idle_poll = 0.02
+        # Claim several tasks per transaction: wait for this many free slots while tasks run.
+        min_claim = max(1, min(self.claim_batch, self.concurrency // 8))
+        while True:
+            free = self.concurrency - len(self._running)
+            if free < (min_claim if self._running else 1):
+                await self._sleep_until_woken(self.max_poll_s)
+                continue
+            want = min(free, self.claim_batch)
+            got = await self.store.call(queue.claim_tasks, self.worker_id, want, self.lease_s)
+            claimed = got.tasks
+            self._drained = len(claimed) < want and not got.capped
+            if claimed and self._idle.is_set():
+                self._idle = trio.Event()
+            for task in claimed:
+                scope = trio.CancelScope()
+                self._running[(task.batch_id, task.task_id)] = scope
+                nursery.start_soon(self._run_one, task, scope, trio.current_time())
+            if claimed:
+                idle_poll = 0.02
+                if not self._drained:
+                    continue
+            # the queue is empty: a NOTIFY (PostgreSQL), a sweep or the poll timer wakes us
+            await self._sleep_until_woken(idle_poll if not self.store.is_postgres else self.max_poll_s)
+            idle_poll = min(idle_poll * 2, self.max_poll_s)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            with trio.move_on_after(self.lease_s / 3):
+                await self._beat_now.wait()
+            self._beat_now = trio.Event()
+            before = set(self._running)
+            if not before:
+                continue
+            held = await self.store.call(queue.heartbeat, self.worker_id, self.lease_s)
+            for key in before - held:
+                scope = self._running.get(key)
+                if scope is not None:
+                    _log.info("task %s/%s is no longer ours (cancelled, deadline or lease lost): stopping it", *key)
+                    scope.cancel()
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            changed = await self.store.call(queue.sweep, self.max_attempts)
+            if changed.get("requeued"):
+                self._work_arrived()
+            await trio.sleep(max(self.lease_s / 2, 0.05))
+
+    async def _listen(self) -> None:
+        """Wake the claim loop on new work, and renew leases at once on a cancellation (so the
+        cancelled tasks stop now), on NOTIFY (a thread blocks on a dedicated connection)."""
+        token = trio.lowlevel.current_trio_token()
+
+        def listen() -> None:
+            conn = self.store.db.connect()
+            try:
+                conn.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
+                conn.execute(f"LISTEN {queue.CANCEL_CHANNEL}")
+                while not self._stop_listen.is_set():
+                    for note in conn.notifies(timeout=0.5, stop_after=1):
+                        react = self._beat_now.set if note.channel == queue.CANCEL_CHANNEL else self._work_arrived
+                        try:
+                            trio.from_thread.run_sync(react, trio_token=token)
+                        except trio.RunFinishedError:
+                            return
+            finally:
+                conn.close()
+
+        await trio.to_thread.run_sync(listen, abandon_on_cancel=True)
+
+    # ---- one task -------------------------------------------------------------------------------
+
+    async def _spec(self, batch_id: str) -> BatchSpec:
+        spec = self._specs.get(batch_id)
+        if spec is None:
+            found = await self.store.read(queue.batch_spec, batch_id)
+            assert found is not None, f"claimed a task of batch {batch_id}, which does not exist"
+            spec = self._specs[batch_id] = found
+            if len(self._specs) > 1024:
+                self._specs.pop(next(iter(self._specs)))
+        return spec
+
+    async def _run_one(self, task: ClaimedTask, scope: trio.CancelScope, claimed_at: float) -> None:
+        key = (task.batch_id, task.task_id)
+        settled = False  # recorded, or given up because it is not ours any more
+        try:
+            with scope:
+                outcome = await self._execute(task, claimed_at)
+            if scope.cancelled_caught:
+                settled = True
+                return  # not ours any more: whoever has it records it
+            with trio.CancelScope(shield=True):
+                settled = True
+                if await self.store.call(
+                    queue.finish,
+                    task.batch_id,
+                    task.task_id,
+                    status=outcome.status,
+                    result=outcome.result,
+                    error=outcome.error,
+                    execution_time_ms=outcome.execution_time_ms,
+                ):
+                    self.completed += 1
+        finally:
+            self._running.pop(key, None)
+            if not settled:
+                self._unsettled.append(key)  # the worker is stopping: put it back in the queue
+            if not self._running:
+                self._idle.set()
+            self._slot_freed()
+
+    async def _execute(self, task: ClaimedTask, claimed_at: float) -> TaskOutcome:
+        started = time.perf_counter()
+        spec = await self._spec(task.batch_id)
+        per_task = spec.timeout_per_task_ms / 1000
+        to_deadline = task.deadline_in_s - (trio.current_time() - claimed_at)
+        limit, reason = (
+            (per_task, "timeout_per_task_ms") if per_task <= to_deadline else (to_deadline, "batch deadline")
+        )
+        try:
+            endpoint: Endpoint = endpoint_from_spec(spec.endpoint, spec.config.get("model"))
+            score_fn = resolve_score(spec.config.get("score"))
+            env_factory: Callable[[], Any] | None = resolve_environment(spec.environment)
+        except (RolloutsError, ValueError, TypeError) as e:
+            ms = int((time.perf_counter() - started) * 1000)
+            return TaskOutcome("failed", None, f"cannot run the agent on this worker: {e}", ms)
+        return await run_task(
+            task.input,
+            task.task_id,
+            endpoint=endpoint,
+            system_prompt=spec.system_prompt,
+            max_turns=spec.max_turns,
+            time_limit_s=limit,
+            timeout_reason=reason,
+            score_fn=score_fn,
+            environment_factory=env_factory,
+        )

@@ -1,0 +1,142 @@
+"""Where each page lives: URLs for the server, relative file names for a static bundle.
+
+Templates never build URLs themselves; they call a `Links`. `ServerLinks` gives absolute
+paths (`/evals/<run>?sort=reward`); `BundleLinks` gives paths relative to the page being
+written (`../evals/<run>.html`), and None for what a static copy cannot do (filtering,
+later pages), which the templates then leave out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from typing import Any
+from urllib.parse import quote, urlencode
+
+
+def _query(params: dict[str, Any]) -> str:
+    kept = {k: v for k, v in params.items() if v not in (None, "", False)}
+    return ("?" + urlencode(kept)) if kept else ""
+
+
+def sample_file_name(sample_id: str) -> str:
+    """A sample's file name in a bundle (ids are arbitrary text: hashed)."""
+    return hashlib.sha1(sample_id.encode()).hexdigest()[:20]
+
+
+class ServerLinks:
+    """URLs of the running app, optionally under a mount `prefix` (e.g. "/ui")."""
+
+    static_bundle = False
+
+    def __init__(self, prefix: str = "", nav: tuple[tuple[str, str], ...] = ()) -> None:
+        self.prefix = prefix.rstrip("/")
+        self.nav = nav  # (label, url) of pages a host app adds (the service: batches, GEPA jobs, agents)
+
+    def _u(self, path: str) -> str:
+        return self.prefix + path
+
+    def index(self) -> str:
+        return self._u("/")
+
+    def static(self, name: str) -> str:
+        return self._u(f"/static/{name}")
+
+    def sessions(self, **query: Any) -> str | None:
+        return self._u("/sessions" + _query(query))
+
+    def session(self, session_id: str, **query: Any) -> str | None:
+        return self._u(f"/sessions/{quote(session_id, safe='')}" + _query(query))
+
+    def session_diff(self, session_id: str) -> str | None:
+        return self._u(f"/sessions/{quote(session_id, safe='')}/diff")
+
+    def evals(self) -> str:
+        return self._u("/evals")
+
+    def eval_run(self, run_id: str, **query: Any) -> str | None:
+        return self._u(f"/evals/{quote(run_id, safe='')}" + _query(query))
+
+    def sample(self, run_id: str, sample_id: str) -> str | None:
+        return self._u(f"/evals/{quote(run_id, safe='')}/samples/{quote(sample_id, safe='')}")
+
+    def compare(self, a: str, b: str, **query: Any) -> str | None:
+        return self._u("/compare" + _query({"a": a, "b": b, **query}))
+
+    def gepa_runs(self) -> str:
+        return self._u("/gepa")
+
+    def gepa_run(self, run_id: str) -> str | None:
+        return self._u(f"/gepa/{quote(run_id, safe='')}")
+
+    def candidate(self, run_id: str, idx: int) -> str | None:
+        return self._u(f"/gepa/{quote(run_id, safe='')}/candidates/{int(idx)}")
+
+    def live(self, kind: str, item_id: str) -> str | None:
+        return self._u(f"/live/{kind}/{quote(item_id, safe='')}")
+
+
+class BundleLinks:
+    """Relative links between the files of a static bundle, from the page at `current`
+    (a path such as "evals/run-ab12cd.html"). `include` decides which pages exist."""
+
+    static_bundle = True
+    nav: tuple[tuple[str, str], ...] = ()
+
+    def __init__(
+        self, current: str, *, sessions: set[str] | None = None, samples: set[tuple[str, str]] | None = None
+    ) -> None:
+        self.current = current
+        self._sessions = sessions
+        self._samples = samples
+
+    def _rel(self, target: str) -> str:
+        return posixpath.relpath(target, posixpath.dirname(self.current) or ".")
+
+    def index(self) -> str:
+        return self._rel("index.html")
+
+    def static(self, name: str) -> str:
+        return self._rel(f"static/{name}")
+
+    def sessions(self, **query: Any) -> str | None:
+        return None if _query(query) else self._rel("sessions.html")
+
+    def session(self, session_id: str, **query: Any) -> str | None:
+        if _query(query) or (self._sessions is not None and session_id not in self._sessions):
+            return None
+        return self._rel(f"sessions/{session_id}.html")
+
+    def session_diff(self, session_id: str) -> str | None:
+        if self._sessions is not None and session_id not in self._sessions:
+            return None
+        return self._rel(f"sessions/{session_id}.diff.html")
+
+    def evals(self) -> str:
+        return self._rel("evals.html")
+
+    def eval_run(self, run_id: str, **query: Any) -> str | None:
+        return None if _query(query) else self._rel(f"evals/{run_id}.html")
+
+    def sample(self, run_id: str, sample_id: str) -> str | None:
+        if self._samples is not None and (run_id, sample_id) not in self._samples:
+            return None
+        return self._rel(f"evals/{run_id}/{sample_file_name(sample_id)}.html")
+
+    def compare(self, a: str, b: str, **query: Any) -> str | None:
+        return None
+
+    def gepa_runs(self) -> str:
+        return self._rel("gepa.html")
+
+    def gepa_run(self, run_id: str) -> str | None:
+        return self._rel(f"gepa/{run_id}.html")
+
+    def candidate(self, run_id: str, idx: int) -> str | None:
+        return self._rel(f"gepa/{run_id}/c{int(idx)}.html")
+
+    def live(self, kind: str, item_id: str) -> str | None:
+        return None
+
+
+Links = ServerLinks | BundleLinks

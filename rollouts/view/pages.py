@@ -1,0 +1,253 @@
+"""The pages: each reads what it shows from a Catalog and renders one template.
+
+Page functions take the catalog, a `Links` (server URLs or bundle files) and the request's
+query parameters, and return HTML. They raise NotFound (404) for unknown ids and ValueError
+(400) for bad query values; the app turns both into error pages.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from rollouts.view.catalog import (
+    METRIC_OPS,
+    SAMPLE_SORTS,
+    Catalog,
+    NotFound,
+    SampleQuery,
+    SessionQuery,
+)
+from rollouts.view.links import Links
+from rollouts.view.render import (
+    best_score_points,
+    branch_diff,
+    environment,
+    lineage_tree,
+    score_plot,
+    text_diff,
+)
+
+Params = Mapping[str, str]
+PAGE_SIZE = 50
+TRANSCRIPT_PAGE = 200
+
+
+@functools.cache
+def _env() -> jinja2.Environment:
+    return environment()
+
+
+def compile_templates() -> None:
+    """Compile every template now (the app does it at creation), so that no first request
+    pays for it."""
+    env = _env()
+    for name in env.list_templates(extensions=["html"]):
+        env.get_template(name)
+
+
+def render(template: str, links: Links, **context: Any) -> str:
+    return _env().get_template(template).render(links=links, **context)
+
+
+def render_page(links: Links, title: str, body: str) -> str:
+    """`body` (HTML the caller built and escaped) in the viewer's layout: for pages a host app
+    adds through `create_app(routes=...)`."""
+    return render("page.html", links, title=title, body=Markup(body))
+
+
+def _int(params: Params, name: str, default: int = 0) -> int:
+    raw = params.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, got {raw!r}") from None
+
+
+def _float(params: Params, name: str) -> float | None:
+    raw = params.get(name, "")
+    if raw == "":
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+
+
+def _pair(params: Params, name: str) -> tuple[str, str] | None:
+    raw = params.get(name, "").strip()
+    if not raw:
+        return None
+    if "=" not in raw:
+        raise ValueError(f"{name} must look like key=value, got {raw!r}")
+    k, v = raw.split("=", 1)
+    return k.strip(), v.strip()
+
+
+def _page_number(params: Params) -> int:
+    return max(1, _int(params, "page", 1))
+
+
+# --------------------------------------------------------------------------------------------
+
+
+async def index_page(catalog: Catalog, links: Links, params: Params) -> str:
+    sessions = await catalog.list_sessions(SessionQuery(limit=10))
+    evals = await catalog.list_eval_runs()
+    gepa = await catalog.list_gepa_runs()
+    return render("index.html", links, title="rollouts view", sessions=sessions, evals=evals, gepa=gepa)
+
+
+async def sessions_page(catalog: Catalog, links: Links, params: Params) -> str:
+    page_no = _page_number(params)
+    q = SessionQuery(
+        text=params.get("q", "").strip(),
+        status=params.get("status", ""),
+        model=params.get("model", "").strip(),
+        tag=_pair(params, "tag"),
+        offset=(page_no - 1) * PAGE_SIZE,
+        limit=PAGE_SIZE,
+    )
+    page = await catalog.list_sessions(q)
+    form = {k: params.get(k, "") for k in ("q", "status", "model", "tag")}
+    return render("sessions.html", links, title="Sessions", page=page, page_no=page_no, form=form)
+
+
+async def session_page(catalog: Catalog, links: Links, session_id: str, params: Params) -> str:
+    page_no = _page_number(params)
+    detail = await catalog.get_session(session_id, offset=(page_no - 1) * TRANSCRIPT_PAGE, limit=TRANSCRIPT_PAGE)
+    return render(
+        "session.html", links, title=f"Session {session_id}", d=detail, page_no=page_no, per_page=TRANSCRIPT_PAGE
+    )
+
+
+async def session_diff_page(catalog: Catalog, links: Links, session_id: str, params: Params) -> str:
+    detail = await catalog.get_session(session_id, limit=1)
+    row = detail.row
+    if row.parent_id is None or row.branch_point is None:
+        raise NotFound(f"session {session_id} is not a branch: it has no parent to compare with")
+    start = row.branch_point
+    branch = (await catalog.get_session(session_id, offset=start, limit=TRANSCRIPT_PAGE)).messages
+    parent = (await catalog.get_session(row.parent_id, offset=start, limit=TRANSCRIPT_PAGE)).messages
+    items = branch_diff(parent, branch, start)
+    return render("diff.html", links, title=f"Branch {session_id} vs its parent", row=row, items=items, d=detail)
+
+
+async def evals_page(catalog: Catalog, links: Links, params: Params) -> str:
+    runs = await catalog.list_eval_runs()
+    return render("evals.html", links, title="Evaluations", runs=runs)
+
+
+def sample_query(params: Params) -> SampleQuery:
+    failed_raw = params.get("failed", "")
+    if failed_raw not in ("", "yes", "no"):
+        raise ValueError(f"failed must be yes or no, got {failed_raw!r}")
+    op = params.get("op", ">=") or ">="
+    if op not in METRIC_OPS:
+        raise ValueError(f"op must be one of {' '.join(METRIC_OPS)}, got {op!r}")
+    sort = params.get("sort", "seq") or "seq"
+    if sort not in SAMPLE_SORTS and not sort.startswith("metric:"):
+        raise ValueError(f"sort must be one of {', '.join(SAMPLE_SORTS)} or metric:NAME, got {sort!r}")
+    page_no = _page_number(params)
+    return SampleQuery(
+        text=params.get("q", "").strip(),
+        status=params.get("status", ""),
+        failed=None if failed_raw == "" else failed_raw == "yes",
+        metric=params.get("metric", ""),
+        op=op,
+        value=_float(params, "value"),
+        meta=_pair(params, "meta"),
+        sort=sort,
+        descending=params.get("order", "") == "desc",
+        offset=(page_no - 1) * PAGE_SIZE,
+        limit=PAGE_SIZE,
+    )
+
+
+async def eval_run_page(catalog: Catalog, links: Links, run_id: str, params: Params) -> str:
+    detail = await catalog.get_eval_run(run_id)
+    q = sample_query(params)
+    page = await catalog.list_samples(run_id, q)
+    others = [r for r in await catalog.list_eval_runs() if r.run_id != run_id]
+    form = {k: params.get(k, "") for k in ("q", "status", "failed", "metric", "op", "value", "meta", "sort", "order")}
+    return render(
+        "eval_run.html",
+        links,
+        title=f"Eval {detail.row.name}",
+        d=detail,
+        page=page,
+        page_no=_page_number(params),
+        q=q,
+        form=form,
+        others=others,
+        sorts=SAMPLE_SORTS,
+        ops=METRIC_OPS,
+    )
+
+
+async def sample_page(catalog: Catalog, links: Links, run_id: str, sample_id: str, params: Params) -> str:
+    detail = await catalog.get_eval_run(run_id)
+    sample = await catalog.get_sample(run_id, sample_id)
+    return render("sample.html", links, title=f"Sample {sample_id}", d=detail, s=sample)
+
+
+async def compare_page(catalog: Catalog, links: Links, params: Params) -> str:
+    a, b = params.get("a", ""), params.get("b", "")
+    if not a or not b:
+        raise ValueError("compare needs two runs: ?a=RUN&b=RUN")
+    page_no = _page_number(params)
+    cmp = await catalog.compare_runs(a, b, offset=(page_no - 1) * PAGE_SIZE, limit=PAGE_SIZE)
+    return render("compare.html", links, title="Compare runs", c=cmp, page_no=page_no)
+
+
+async def gepa_runs_page(catalog: Catalog, links: Links, params: Params) -> str:
+    runs = await catalog.list_gepa_runs()
+    return render("gepa_runs.html", links, title="GEPA runs", runs=runs)
+
+
+def gepa_plot(detail: Any) -> Any:
+    return score_plot(best_score_points(detail.candidates, detail.history, detail.valset_size))
+
+
+async def gepa_run_page(catalog: Catalog, links: Links, run_id: str, params: Params) -> str:
+    d = await catalog.get_gepa_run(run_id)
+    tree = lineage_tree(d.candidates, d.on_front, d.row.best_idx, lambda i: links.candidate(run_id, i))
+    return render("gepa_run.html", links, title=f"GEPA {d.row.name}", d=d, plot=gepa_plot(d), tree=tree)
+
+
+async def candidate_page(catalog: Catalog, links: Links, run_id: str, idx: int, params: Params) -> str:
+    d = await catalog.get_gepa_run(run_id)
+    if not 0 <= idx < len(d.candidates):
+        raise NotFound(f"GEPA run {run_id} has no candidate {idx} (it has {len(d.candidates)})")
+    c = d.candidates[idx]
+    parent = d.candidates[c.parents[0]] if c.parents and c.parents[0] < len(d.candidates) else None
+    diffs = {
+        name: text_diff(
+            parent.components.get(name, "") if parent else "",
+            text,
+            old_name=f"#{parent.idx}" if parent else "(none)",
+            new_name=f"#{c.idx}",
+        )
+        for name, text in c.components.items()
+    }
+    record = next((h for h in d.history if h.new_candidate == idx), None)
+    reflections = await catalog.gepa_reflections(run_id, c.iteration) if c.iteration > 0 else ()
+    instances = sorted(set(c.val_scores) | set(parent.val_scores if parent else ()))
+    return render(
+        "candidate.html",
+        links,
+        title=f"Candidate {idx}",
+        d=d,
+        c=c,
+        parent=parent,
+        diffs=diffs,
+        record=record,
+        reflections=reflections,
+        instances=instances,
+    )

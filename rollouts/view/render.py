@@ -1,0 +1,231 @@
+"""HTML building blocks: the Jinja2 environment (autoescaping everything), number formats,
+diffs, and the plots and trees drawn as SVG/HTML on the server (no script needed to see them).
+
+Everything a model or a user wrote reaches the page through Jinja2's autoescape or
+`markupsafe.escape`; the only `Markup` built here is from escaped parts and numbers.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from rollouts.dtypes import Message, TextContent, ThinkingContent, ToolCallContent
+from rollouts.gepa.result import CandidateRecord, IterationRecord
+
+TEMPLATES = Path(__file__).parent / "templates"
+STATIC = Path(__file__).parent / "static"
+
+
+def num(value: Any, digits: int = 3) -> str:
+    """A number for a table cell ('' for None)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def money(value: Any) -> str:
+    if not value:
+        return ""
+    return f"${value:.4f}" if value < 1 else f"${value:,.2f}"
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=False)
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,  # every template, whatever its name
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(num=num, money=money, pretty_json=pretty_json)
+    env.globals.update(message_parts=message_parts, message_is_error=message_is_error)
+    return env
+
+
+# --------------------------------------------------------------------------------------------
+# messages
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Part:
+    """One displayable piece of a message: kind is text, thinking, tool_call, image."""
+
+    kind: str
+    text: str = ""
+    name: str = ""
+    call_id: str = ""
+    error: str = ""
+
+
+def message_parts(message: Message) -> list[Part]:
+    parts: list[Part] = []
+    for b in message.blocks:
+        if isinstance(b, TextContent):
+            parts.append(Part("text", b.text))
+        elif isinstance(b, ThinkingContent):
+            parts.append(Part("thinking", b.thinking if not b.redacted else "(redacted thinking)"))
+        elif isinstance(b, ToolCallContent):
+            args = b.raw_arguments if b.parse_error and b.raw_arguments else pretty_json(dict(b.arguments))
+            parts.append(Part("tool_call", args, b.name, b.id, b.parse_error or ""))
+        else:
+            parts.append(Part("image", getattr(b, "url", None) or f"({getattr(b, 'media_type', 'image')}, inline)"))
+    return parts
+
+
+def message_is_error(message: Message) -> bool:
+    return bool((message.details or {}).get("is_error"))
+
+
+def message_signature(message: Message) -> str:
+    """What makes two messages "the same" in a branch diff."""
+    return message.role + "\0" + json.dumps(message.to_dict().get("content"), sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class DiffItem:
+    op: str  # "same", "parent", "branch"
+    index: int  # position in the history
+    message: Message
+
+
+def branch_diff(parent: Sequence[Message], branch: Sequence[Message], start: int) -> list[DiffItem]:
+    """The messages after the branch point `start`, aligned: kept by both, only the parent's,
+    only the branch's (`parent` and `branch` are the messages from `start` on)."""
+    a = [message_signature(m) for m in parent]
+    b = [message_signature(m) for m in branch]
+    out: list[DiffItem] = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            out.extend(DiffItem("same", start + j, branch[j]) for j in range(j1, j2))
+            continue
+        out.extend(DiffItem("parent", start + i, parent[i]) for i in range(i1, i2))
+        out.extend(DiffItem("branch", start + j, branch[j]) for j in range(j1, j2))
+    return out
+
+
+def text_diff(old: str, new: str, *, old_name: str = "parent", new_name: str = "candidate") -> Markup:
+    """A unified diff as HTML lines (each escaped; added/removed lines marked by class)."""
+    lines = difflib.unified_diff(old.splitlines(), new.splitlines(), old_name, new_name, lineterm="")
+    out = []
+    for line in lines:
+        cls = (
+            "add"
+            if line.startswith("+")
+            else "del"
+            if line.startswith("-")
+            else "hunk"
+            if line.startswith("@@")
+            else ""
+        )
+        out.append(Markup('<span class="{}">{}</span>').format(cls, line))
+    if not out:
+        return Markup('<span class="muted">(unchanged)</span>')
+    return Markup("\n").join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# GEPA: the score plot and the lineage tree
+# --------------------------------------------------------------------------------------------
+
+
+def best_score_points(
+    candidates: Sequence[CandidateRecord], history: Sequence[IterationRecord], valset_size: int
+) -> list[tuple[float, float]]:
+    """(metric calls, best validation score so far): the seed, then each accepted candidate."""
+    if not candidates:
+        return []
+    best = candidates[0].val_score
+    points = [(float(valset_size), best)]
+    by_idx = {c.idx: c for c in candidates}
+    for h in history:
+        if h.new_candidate is not None and h.new_candidate in by_idx:
+            best = max(best, by_idx[h.new_candidate].val_score)
+        points.append((float(h.metric_calls), best))
+    return points
+
+
+def score_plot(points: Sequence[tuple[float, float]], *, width: int = 560, height: int = 220) -> Markup:
+    """A step plot of best score against metric calls, as inline SVG."""
+    pad_l, pad_r, pad_t, pad_b = 44, 12, 10, 28
+    if not points:
+        return Markup('<p class="muted">no scores yet</p>')
+    xs = [p[0] for p in points]
+    ys = [p[1] for p in points]
+    x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
+    y0, y1 = min(0.0, min(ys)), max(1.0, max(ys))
+    iw, ih = width - pad_l - pad_r, height - pad_t - pad_b
+
+    def sx(x: float) -> float:
+        return pad_l + (x - x0) / (x1 - x0) * iw
+
+    def sy(y: float) -> float:
+        return pad_t + ih - (y - y0) / (y1 - y0) * ih
+
+    path = [f"M{sx(xs[0]):.1f},{sy(ys[0]):.1f}"]
+    for (x, y), (_, prev_y) in zip(points[1:], points[:-1], strict=True):
+        path.append(f"L{sx(x):.1f},{sy(prev_y):.1f}L{sx(x):.1f},{sy(y):.1f}")
+    dots = "".join(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5"/>' for x, y in points)
+    ticks = "".join(
+        f'<text x="{pad_l - 6}" y="{sy(v) + 4:.1f}" text-anchor="end">{v:.2f}</text>'
+        f'<line x1="{pad_l}" x2="{width - pad_r}" y1="{sy(v):.1f}" y2="{sy(v):.1f}" class="grid"/>'
+        for v in (y0, (y0 + y1) / 2, y1)
+    )
+    xticks = "".join(
+        f'<text x="{sx(v):.1f}" y="{height - 8}" text-anchor="middle">{int(v)}</text>' for v in (x0, (x0 + x1) / 2, x1)
+    )
+    svg = (
+        f'<svg class="plot" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+        f'aria-label="best score against metric calls">{ticks}{xticks}'
+        f'<path d="{"".join(path)}" class="line"/><g class="dots">{dots}</g>'
+        f'<text x="{width - pad_r}" y="{height - 8 - 12}" text-anchor="end" class="muted">metric calls</text></svg>'
+    )
+    return Markup(svg)
+
+
+def lineage_tree(candidates: Sequence[CandidateRecord], on_front: Iterable[int], best_idx: int, href: Any) -> Markup:
+    """Candidates as a nested list by first parent; merges name their second parent; the
+    Pareto front (★) and the best (class best) are marked. `href(idx)` links each one."""
+    front = set(on_front)
+    children: dict[int, list[CandidateRecord]] = {}
+    roots: list[CandidateRecord] = []
+    for c in candidates:
+        if c.parents and c.parents[0] < c.idx:
+            children.setdefault(c.parents[0], []).append(c)
+        else:
+            roots.append(c)
+
+    def item(c: CandidateRecord, depth: int) -> Markup:
+        classes = " ".join(n for n, on in (("front", c.idx in front), ("best", c.idx == best_idx)) if on)
+        mark = Markup(' <span class="star" title="on the Pareto front">★</span>') if c.idx in front else Markup("")
+        merge = (
+            Markup(' <span class="muted">merge of {}</span>').format(" + ".join(map(str, c.parents)))
+            if c.origin == "merge"
+            else Markup("")
+        )
+        link = href(c.idx)
+        label = Markup("#{} <b>{}</b>").format(c.idx, f"{c.val_score:.3f}")
+        head = Markup('<a href="{}">{}</a>').format(link, label) if link else label
+        kids = children.get(c.idx, []) if depth < 200 else []
+        sub = Markup("<ul>{}</ul>").format(Markup("").join(item(k, depth + 1) for k in kids)) if kids else Markup("")
+        return Markup('<li class="{}" data-candidate="{}">{}{}{}{}</li>').format(classes, c.idx, head, mark, merge, sub)
+
+    return Markup('<ul class="tree">{}</ul>').format(Markup("").join(item(r, 0) for r in roots))

@@ -1,0 +1,183 @@
+"""The browser tier: headless Chromium (Debian's `chromium`, driven by Playwright's Python
+package through `executable_path`; no browser is downloaded) clicks through the viewer served
+under trio on 127.0.0.1.
+
+Playwright's sync API runs in a worker thread (`trio.to_thread`), so nothing of asyncio touches
+the server's trio loop. This tier fails, never skips, when the browser is missing.
+
+Screenshots go to the test's tmp dir; set ROLLOUTS_VIEW_SCREENSHOTS=DIR to also copy them there
+(that is how docs/view-*.png are made).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from _view_data import ViewData, append_gepa_candidate, make_view_data
+
+from rollouts.view import FilesCatalog, create_app, serve
+
+CHROMIUM = os.environ.get("ROLLOUTS_CHROMIUM", "/usr/bin/chromium")
+INSTALL = "apt-get update && apt-get install -y chromium && pip install playwright  (never `playwright install`)"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+WAIT_MS = 30_000  # the longest any one browser step may take before the test fails
+
+
+def _require_browser() -> None:
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"the browser tests need Chromium at {CHROMIUM} (or $ROLLOUTS_CHROMIUM): {INSTALL}")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.fail(f"the browser tests need Playwright's Python package: {INSTALL}")
+
+
+@dataclass
+class Site:
+    data: ViewData
+    url: str
+    shots: Path
+
+    def run(self, path: Path) -> str:
+        return FilesCatalog.run_id(path)
+
+
+@pytest.fixture
+async def site(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[Site]:
+    _require_browser()
+    data = await make_view_data(tmp_path / "data")
+    catalog = FilesCatalog([data.root], cache_dir=tmp_path / "cache", refresh_interval=0.1)
+    await catalog.index_once()
+    url = await nursery.start(serve, create_app(catalog, live_poll_s=0.05))
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    yield Site(data, url.rstrip("/"), shots)
+    keep = os.environ.get("ROLLOUTS_VIEW_SCREENSHOTS")
+    if keep:
+        for png in shots.glob("*.png"):
+            shutil.copyfile(png, Path(keep) / f"view-{png.name}")
+
+
+def _in_browser(drive: Callable[[Any], None]) -> Callable[[], None]:
+    """`drive(page)` with a fresh headless Chromium page (run it in a worker thread)."""
+
+    def run() -> None:
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 860})
+                page.set_default_timeout(WAIT_MS)
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                drive(page)
+                assert not errors, errors
+            finally:
+                browser.close()
+
+    return run
+
+
+async def test_click_through_sessions_branches_evals_and_samples(site: Site) -> None:
+    d = site.data
+    shots = site.shots
+
+    def drive(page: Any) -> None:
+        page.goto(site.url + "/")
+        page.screenshot(path=shots / "home.png")
+        page.click("header.top >> text=Sessions")
+        assert page.locator("#sessions tbody tr").count() == 3
+        page.screenshot(path=shots / "sessions.png")
+        page.fill("input[name=q]", "dangerous")
+        page.click("form.filters button")
+        assert page.locator("#sessions tbody tr").count() == 1
+
+        page.goto(site.url + "/sessions")
+        page.click(f"#sessions a[href='/sessions/{d.root_session}']")
+        assert page.locator("article.msg").count() == 4
+        assert not page.locator("details.thinking").first.evaluate("e => e.open")  # collapsed
+        page.locator("details.thinking summary").first.click()
+        assert page.locator("details.thinking").first.evaluate("e => e.open")
+        page.click(f"ul.tree a[href='/sessions/{d.branch_session}']")  # branch tree: move to the branch
+        page.wait_for_url(f"**/sessions/{d.branch_session}")
+        assert page.locator("article.msg.error").count() == 1
+        page.screenshot(path=shots / "session.png", full_page=True)
+        page.click("#diff-link")
+        assert page.locator(".diffrow.branch").count() == 2 and page.locator(".diffrow.parent").count() == 2
+        page.screenshot(path=shots / "diff.png", full_page=True)
+
+        page.click("header.top >> text=Evaluations")
+        page.screenshot(path=shots / "evals.png")
+        page.click("#runs >> text=arith-baseline")
+        assert page.locator("#samples tbody tr").count() == 50
+        page.screenshot(path=shots / "eval.png")
+        page.select_option("select[name=failed]", "yes")
+        page.click("#sample-filters button")
+        page.wait_for_url("**failed=yes**")
+        rows = page.locator("#samples tbody tr")
+        assert rows.count() == 1 and "q005" in rows.first.inner_text()
+        page.click("#samples a >> text=q005")
+        assert "provider error: 529 overloaded" in page.inner_text("main")
+        page.go_back()
+        page.goto(site.url + f"/evals/{site.run(d.eval_a)}")
+        page.click("#samples th a >> text=score")  # sort on the server, best first
+        page.wait_for_url("**sort=reward**")
+        assert ">1.000<" in page.locator("#samples tbody tr").first.inner_html()
+        page.goto(site.url + f"/evals/{site.run(d.eval_a)}/samples/q007")  # its response is markup
+        page.screenshot(path=shots / "sample.png", full_page=True)
+        assert page.evaluate("document.body.getAttribute('data-pwned')") is None
+        assert "<script>document.body" in page.inner_text("main")  # shown as text, not run
+
+        page.goto(site.url + f"/compare?a={site.run(d.eval_a)}&b={site.run(d.eval_b)}")
+        assert "regressed" in (page.locator("#comparison tbody tr").first.get_attribute("class") or "")
+        page.screenshot(path=shots / "compare.png")
+
+        page.goto(site.url + f"/sessions/{d.xss_session}")
+        assert page.evaluate("document.body.getAttribute('data-pwned')") is None
+
+        page.click("header.top >> text=GEPA")
+        page.click("#gepa-runs >> text=gepa-done")
+        assert page.locator("svg.plot path.line").count() == 1
+        assert page.locator("ul.tree li.front").count() == 4
+        page.screenshot(path=shots / "gepa.png", full_page=True)
+        page.click("ul.tree a >> text=#3")
+        assert "+Check operator precedence." in page.inner_text("pre.diff")
+        page.screenshot(path=shots / "candidate.png", full_page=True)
+
+    await trio.to_thread.run_sync(_in_browser(drive))
+    assert len(list(site.shots.glob("*.png"))) == 10
+
+
+async def test_a_running_gepa_page_updates_itself_by_server_sent_events(site: Site) -> None:
+    run_dir = site.data.gepa_running
+
+    def drive(page: Any) -> None:
+        from playwright.sync_api import expect
+
+        page.goto(site.url + f"/gepa/{site.run(run_dir)}")
+        assert page.inner_text("[data-field=n_candidates]") == "2"
+        page.wait_for_selector("body[data-live-updates]", state="attached")  # the first event arrived
+        points = page.locator("svg.plot circle").count()
+        append_gepa_candidate(run_dir, 4)  # the engine checkpoints two more candidates
+        expect(page.locator("[data-field=n_candidates]")).to_have_text("4", timeout=WAIT_MS)  # (CSP: no eval)
+        assert page.locator("svg.plot circle").count() > points  # the plot was redrawn in place
+        assert page.evaluate("performance.getEntriesByType('navigation').length") == 1  # no reload
+        page.screenshot(path=site.shots / "gepa-live.png")
+
+    await trio.to_thread.run_sync(_in_browser(drive))
