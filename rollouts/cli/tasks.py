@@ -136,8 +136,11 @@ def environment_factory(name: str, cwd: str | None) -> Callable[[], Awaitable[An
     return factory
 
 
-def with_system_prompt(prepare: Callable[..., Any], system_prompt: str) -> Callable[..., Any]:
-    """`prepare` with `system_prompt` put first, unless its messages already start with one."""
+def with_system_prompt(
+    prepare: Callable[..., Any], system_prompt: str, *, replace_existing: bool = False
+) -> Callable[..., Any]:
+    """`prepare` with `system_prompt` put first, unless its messages already start with one
+    (which `replace_existing` replaces instead)."""
 
     async def prepare_with_system(row: Mapping[str, Any]) -> Sequence[Message]:
         out = prepare(row)
@@ -145,7 +148,7 @@ def with_system_prompt(prepare: Callable[..., Any], system_prompt: str) -> Calla
             out = await out
         msgs = list(out)
         if msgs and msgs[0].role == "system":
-            return msgs
+            return [Message("system", system_prompt), *msgs[1:]] if replace_existing else msgs
         return [Message("system", system_prompt), *msgs]
 
     prepare_with_system.__qualname__ = f"{getattr(prepare, '__qualname__', 'prepare')}+system_prompt"

@@ -1,6 +1,7 @@
 """Environments: the tools an agent can call. See `rollouts.environments.base` for the protocol
 and docs/environments.md for how to write one."""
 
+from rollouts.environments._process import CommandResult, run_command
 from rollouts.environments.base import Environment, EnvironmentBase, ToolFormatter
 from rollouts.environments.basic import BasicEnvironment
 from rollouts.environments.browsing import BrowsingEnvironment, SearchBackend, SearchResult
@@ -17,6 +18,7 @@ __all__ = [
     "BrowsingEnvironment",
     "CalculatorEnvironment",
     "CodingEnvironment",
+    "CommandResult",
     "ComposedEnvironment",
     "Environment",
     "EnvironmentBase",
@@ -30,5 +32,6 @@ __all__ = [
     "check_environment",
     "check_tools",
     "compose",
+    "run_command",
     "tool",
 ]

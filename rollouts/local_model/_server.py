@@ -21,12 +21,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import trio
 
 from rollouts.errors import ConfigurationError, ModelFileError
-from rollouts.local_model._files import DEFAULT_MODEL, MODEL_NAMES, ModelSpec, Progress, ensure_model_file
+from rollouts.local_model._files import (
+    DEFAULT_MODEL,
+    LOCAL_MODELS,
+    MODEL_NAMES,
+    ModelSpec,
+    Progress,
+    ensure_model_file,
+)
 
 logger = logging.getLogger("rollouts.local_model")
 
@@ -71,8 +78,9 @@ class LocalServer:
 
 def resolve_local_model(name: str) -> ModelSpec:
     """The model spec for an `Endpoint("local", name)`; ConfigurationError lists the known names."""
-    if name.lower() in MODEL_NAMES:
-        return DEFAULT_MODEL
+    spec = LOCAL_MODELS.get(name.lower())
+    if spec is not None:
+        return spec
     raise ConfigurationError(
         f"unknown local model {name!r}; the embedded models are: {', '.join(MODEL_NAMES)} "
         "(for another server use provider 'openai-compatible' with api_base)"
@@ -80,22 +88,24 @@ def resolve_local_model(name: str) -> ModelSpec:
 
 
 class _Running:
-    """The process-wide server. Guarded by `_lock`; `server` keeps the xllamacpp object alive."""
+    """The process-wide servers, one per model. Guarded by `lock`; `servers` keeps the xllamacpp
+    objects alive."""
 
     lock = threading.Lock()
-    server: Any = None
-    info: LocalServer | None = None
+    servers: ClassVar[dict[str, Any]] = {}
+    info: ClassVar[dict[str, LocalServer]] = {}
 
 
 def _start_blocking(spec: ModelSpec, settings: LocalServerSettings, progress: Progress) -> LocalServer:
     with _Running.lock:
-        if _Running.info is not None:
-            if _Running.info.spec != spec or _Running.info.settings != settings:
+        running = _Running.info.get(spec.name)
+        if running is not None:
+            if running.settings != settings:
                 raise ConfigurationError(
-                    "the embedded server is already running with other settings; "
+                    f"the embedded server for {spec.name} is already running with other settings; "
                     "call shutdown_local_server() first to restart it"
                 )
-            return _Running.info
+            return running
         try:
             import xllamacpp
         except ImportError:
@@ -120,7 +130,7 @@ def _start_blocking(spec: ModelSpec, settings: LocalServerSettings, progress: Pr
         address = str(server.listening_address).rstrip("/")
         assert address.startswith("http://127.0.0.1:"), f"unexpected listening address {address!r}"
         info = LocalServer(spec, path, f"{address}/v1", settings, time.perf_counter() - started)
-        _Running.server, _Running.info = server, info
+        _Running.servers[spec.name], _Running.info[spec.name] = server, info
         progress(f"local model ready in {info.startup_s:.1f} s at {info.api_base}")
         return info
 
@@ -131,27 +141,30 @@ async def ensure_local_server(
     *,
     progress: Progress | None = None,
 ) -> LocalServer:
-    """The running embedded server, starting it on first use (model assembly and hash check
-    included). `progress` receives one line per stage; by default they go to the
+    """The running embedded server for `spec`, starting it on first use (model assembly and hash
+    check included). `progress` receives one line per stage; by default they go to the
     `rollouts.local_model` logger."""
-    info = _Running.info
-    if info is not None and (settings is None or info.settings == settings) and info.spec == spec:
+    info = _Running.info.get(spec.name)
+    if info is not None and (settings is None or info.settings == settings):
         return info
     return await trio.to_thread.run_sync(
         _start_blocking, spec, settings or LocalServerSettings(), progress or logger.info
     )
 
 
-def running_local_server() -> LocalServer | None:
-    """The embedded server if it is running, else None."""
-    return _Running.info
+def running_local_server(spec: ModelSpec = DEFAULT_MODEL) -> LocalServer | None:
+    """The embedded server for `spec` if it is running, else None."""
+    return _Running.info.get(spec.name)
 
 
-def shutdown_local_server() -> None:
-    """Stop the embedded server (it is also stopped at interpreter exit)."""
+def shutdown_local_server(spec: ModelSpec | None = None) -> None:
+    """Stop the embedded server for `spec`, or all of them (they are also stopped at interpreter exit)."""
     with _Running.lock:
-        server, _Running.server, _Running.info = _Running.server, None, None
-    del server  # xllamacpp stops the server and frees the model when the object goes
+        names = [spec.name] if spec is not None else list(_Running.servers)
+        stopped = [_Running.servers.pop(n, None) for n in names]
+        for n in names:
+            _Running.info.pop(n, None)
+    del stopped  # xllamacpp stops a server and frees its model when the object goes
 
 
 atexit.register(shutdown_local_server)
