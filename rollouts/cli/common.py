@@ -231,16 +231,19 @@ def environment_class(name: str) -> Any:
 async def make_environment(name: str, cwd: str | None = None, *, confirm: bool = True) -> Environment:
     """A fresh environment for `--env name`. coding and git work in `cwd` (git: in a new
     worktree of the repository there); with `confirm`, shell commands and file writes ask first."""
-    cls = environment_class(name)
+    cls = environment_class(name)  # imported by name (optional extras): constructors differ per name
     root = str(await trio.Path(cwd or os.getcwd()).resolve())
+    env: Environment
     try:
         if name == "coding":
-            return cls(root, confirm_bash=confirm, confirm_writes=confirm)
-        if name == "git":
-            return await cls.create(root, confirm_bash=confirm, confirm_writes=confirm)
-        return cls()
+            env = cls(root, confirm_bash=confirm, confirm_writes=confirm)
+        elif name == "git":
+            env = await cls.create(root, confirm_bash=confirm, confirm_writes=confirm)
+        else:
+            env = cls()
     except ValueError as e:
         raise CLIError(f"--env {name}: {e}") from None
+    return env
 
 
 def load_callable(ref: str, what: str) -> Callable[..., Any]:
