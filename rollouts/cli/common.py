@@ -6,10 +6,11 @@ import argparse
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -346,3 +347,26 @@ def unwrap_group(e: BaseException) -> BaseException:
             return e
         e = real[0]
     return e
+
+
+@asynccontextmanager
+async def stopped_by_ctrl_c(message: str) -> AsyncIterator[tuple[trio.CancelScope, trio.Event]]:
+    """`(scope, pressed)`: the first Ctrl-C (SIGINT) prints "^C stopping; `message`" to stderr,
+    sets `pressed` and cancels `scope`. Run the work under `scope` (or hand it to the work); ask
+    `pressed.is_set()` afterwards, not `scope.cancel_called` (the work may set the scope's deadline).
+    For `rollouts eval` and `rollouts gepa`; `rollouts run` has its own two-stage interrupts."""
+    scope = trio.CancelScope()
+    pressed = trio.Event()
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for _ in signals:
+                    pressed.set()
+                    print(f"\n^C stopping; {message}", file=sys.stderr)
+                    scope.cancel()
+                    return
+
+            nursery.start_soon(watch)
+            yield scope, pressed
+            nursery.cancel_scope.cancel()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -28,6 +27,7 @@ from rollouts.cli.common import (
     load_callable,
     model_config_from_args,
     read_system_prompt,
+    stopped_by_ctrl_c,
 )
 from rollouts.cli.tasks import (
     add_task_args,
@@ -165,24 +165,11 @@ async def _run(dataset: Any, eval_config: Any) -> tuple[Any, bool]:
     """evaluate() under a SIGINT receiver: Ctrl-C cancels it (results so far are kept)."""
     from rollouts.eval.run import evaluate, load_report
 
-    interrupted = False
     report = None
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            eval_scope = trio.CancelScope()
-
-            async def watch() -> None:
-                nonlocal interrupted
-                async for _ in signals:
-                    interrupted = True
-                    print("\n^C stopping; finished samples are kept (run again to resume)", file=sys.stderr)
-                    eval_scope.cancel()
-                    return
-
-            nursery.start_soon(watch)
-            with eval_scope:
-                report = await evaluate(dataset, eval_config)
-            nursery.cancel_scope.cancel()
+    async with stopped_by_ctrl_c("finished samples are kept (run again to resume)") as (eval_scope, pressed):
+        with eval_scope:
+            report = await evaluate(dataset, eval_config)
+    interrupted = pressed.is_set()
     if report is None:
         if eval_config.output_dir is None:
             return None, interrupted

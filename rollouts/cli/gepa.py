@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from rollouts.cli.common import (
     model_config_from_args,
     read_system_prompt,
     refuse_key_flag,
+    stopped_by_ctrl_c,
 )
 from rollouts.cli.tasks import (
     add_task_args,
@@ -132,23 +132,9 @@ async def _run(kwargs: dict[str, Any]) -> tuple[Any, bool]:
     """optimize() under a SIGINT receiver: Ctrl-C ends the run with the best so far."""
     from rollouts.gepa import optimize
 
-    interrupted = False
-    scope = trio.CancelScope()
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def watch() -> None:
-                nonlocal interrupted
-                async for _ in signals:
-                    interrupted = True
-                    print("\n^C stopping; the best prompt so far is kept (run again to resume)", file=sys.stderr)
-                    scope.cancel()
-                    return
-
-            nursery.start_soon(watch)
-            result = await optimize(**kwargs, cancel_scope=scope)
-            nursery.cancel_scope.cancel()
-    return result, interrupted
+    async with stopped_by_ctrl_c("the best prompt so far is kept (run again to resume)") as (scope, pressed):
+        result = await optimize(**kwargs, cancel_scope=scope)
+    return result, pressed.is_set()
 
 
 def main(args: argparse.Namespace) -> int:
