@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -41,6 +41,10 @@ from rollouts.cli.tasks import (
     slug,
     with_system_prompt,
 )
+
+if TYPE_CHECKING:  # (the CLI imports the library lazily, for start-up time)
+    from rollouts.eval.config import Dataset, EvalConfig
+    from rollouts.eval.report import EvalReport
 
 EXAMPLES = """\
 examples:
@@ -124,7 +128,7 @@ def format_table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def summary_text(report: Any) -> str:
+def summary_text(report: EvalReport) -> str:
     s = report.summary
     c = s["counts"]
     head = (
@@ -161,7 +165,7 @@ def summary_text(report: Any) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-async def _run(dataset: Any, eval_config: Any) -> tuple[Any, bool]:
+async def _run(dataset: Dataset, eval_config: EvalConfig) -> tuple[EvalReport | None, bool]:
     """evaluate() under a SIGINT receiver: Ctrl-C cancels it (results so far are kept)."""
     from rollouts.eval.run import evaluate, load_report
 

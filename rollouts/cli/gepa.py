@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -40,7 +40,10 @@ from rollouts.cli.tasks import (
     results_root,
     slug,
 )
-from rollouts.config import resolve_model
+from rollouts.config import RolloutsConfig, resolve_model
+
+if TYPE_CHECKING:  # (the CLI imports the library lazily, for start-up time)
+    from rollouts.gepa.result import GEPAResult
 
 EXAMPLES = """\
 examples:
@@ -109,7 +112,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _seed_candidate(args: argparse.Namespace, config: Any) -> dict[str, str]:
+def _seed_candidate(args: argparse.Namespace, config: RolloutsConfig) -> dict[str, str]:
     if args.candidate:
         if args.system_prompt or args.system_prompt_file:
             raise CLIError("give --candidate or --system-prompt/--system-prompt-file, not both")
@@ -128,7 +131,7 @@ def _seed_candidate(args: argparse.Namespace, config: Any) -> dict[str, str]:
     return {"system_prompt": text}
 
 
-async def _run(kwargs: dict[str, Any]) -> tuple[Any, bool]:
+async def _run(kwargs: dict[str, Any]) -> tuple[GEPAResult, bool]:
     """optimize() under a SIGINT receiver: Ctrl-C ends the run with the best so far."""
     from rollouts.gepa import optimize
 

@@ -3,18 +3,22 @@ the results directory."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollouts.cli.common import CLIError, environment_class, load_callable, make_environment
 from rollouts.config import RolloutsConfig
 from rollouts.dtypes import Message
 from rollouts.eval import scorers
 from rollouts.eval.config import DEFAULT_MAX_CONCURRENT
+
+if TYPE_CHECKING:
+    from rollouts.environments.base import Environment
 
 RESULTS_DIR_ENV = "ROLLOUTS_RESULTS_DIR"
 DEFAULT_RESULTS_DIR = "results"
@@ -124,12 +128,12 @@ def results_root(config: RolloutsConfig) -> Path:
     return Path(str(chosen)).expanduser()
 
 
-def environment_factory(name: str, cwd: str | None) -> Callable[[], Awaitable[Any]]:
+def environment_factory(name: str, cwd: str | None) -> Callable[[], Awaitable[Environment]]:
     """A factory of fresh `--env name` environments, one per sample (tool calls never ask: there
     is nobody to ask). Fails now, not once per sample, if the environment is unavailable."""
     environment_class(name)
 
-    async def factory() -> Any:
+    async def factory() -> Environment:
         return await make_environment(name, cwd, confirm=False)
 
     factory.__qualname__ = f"cli_environment[{name}]"
@@ -152,7 +156,7 @@ def with_system_prompt(prepare: Callable[..., Any], system_prompt: str) -> Calla
     return prepare_with_system
 
 
-def check_minimums(args: Any, minimums: Mapping[str, int]) -> None:
+def check_minimums(args: argparse.Namespace, minimums: Mapping[str, int]) -> None:
     """CLIError for a numeric flag below its minimum (`{"max_samples": 0, "max_turns": 1}`)."""
     for flag, minimum in minimums.items():
         value = getattr(args, flag)
@@ -160,7 +164,7 @@ def check_minimums(args: Any, minimums: Mapping[str, int]) -> None:
             raise CLIError(f"--{flag.replace('_', '-')} must be at least {minimum}")
 
 
-def given_settings(values: Mapping[str, Any]) -> Any:
+def given_settings(values: Mapping[str, Any]) -> dict[str, Any]:
     """The EvalConfig arguments the user set (a None is left out: EvalConfig's default applies,
     so defaults are written once, in the library)."""
     return {k: (int(v) if k == "max_concurrent" else v) for k, v in values.items() if v is not None}
