@@ -221,7 +221,7 @@ async def _evaluations(output_root: Path) -> list[EvalReport]:
     return reports
 
 
-async def _local_demo(store: SessionStore | None, store_root: Path | None, output_root: Path) -> int:
+async def _local_demo(store: Any, store_root: Path | None, output_root: Path) -> int:
     from rollouts.local_model import ensure_local_server
 
     _section("loading the embedded model (Qwen2.5-Coder-0.5B-Instruct, llama.cpp, offline)")
