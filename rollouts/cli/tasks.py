@@ -23,21 +23,6 @@ if TYPE_CHECKING:
 RESULTS_DIR_ENV = "ROLLOUTS_RESULTS_DIR"
 DEFAULT_RESULTS_DIR = "results"
 
-# name -> (metric function factory, what it checks)
-_METRICS: dict[str, tuple[Callable[[], Any], str]] = {
-    "exact_match": (lambda: scorers.exact_match(), "the response equals the row's answer (normalised)"),
-    "exact_match_tag": (
-        lambda: scorers.exact_match(extract=scorers.extract_tag("answer")),
-        "the text inside <answer>...</answer> equals the row's answer",
-    ),
-    "boxed_match": (
-        lambda: scorers.exact_match(extract=scorers.extract_boxed),
-        "the \\boxed{...} answer equals the row's answer",
-    ),
-    "numeric_match": (lambda: scorers.numeric_match(), "the last number in the response equals the answer"),
-    "contains": (lambda: scorers.contains(), "the row's answer appears in the response"),
-}
-
 
 def add_task_args(group: Any, *, system_prompt_help: str) -> None:
     """The flags `eval` and `gepa` share: how each row is prepared, run and scored."""
@@ -57,7 +42,7 @@ def add_task_args(group: Any, *, system_prompt_help: str) -> None:
 def builtin_scorers() -> dict[str, str]:
     """Built-in scorer names and what they check. Combine several with commas:
     `--score exact_match,contains` (each metric weighted 1)."""
-    return {name: doc for name, (_, doc) in _METRICS.items()}
+    return {name: doc for name, (_, doc) in scorers.BUILTIN_METRICS.items()}
 
 
 def resolve_scorer(ref: str) -> Callable[..., Any]:
@@ -65,13 +50,14 @@ def resolve_scorer(ref: str) -> Callable[..., Any]:
     if ":" in ref:
         return load_callable(ref, "--score")
     names = [n.strip() for n in ref.split(",") if n.strip()]
-    unknown = [n for n in names if n not in _METRICS]
+    builtin = scorers.BUILTIN_METRICS
+    unknown = [n for n in names if n not in builtin]
     if unknown or not names:
         raise CLIError(
-            f"unknown scorer {', '.join(unknown) or ref!r}; built-in scorers: {', '.join(sorted(_METRICS))}; "
+            f"unknown scorer {', '.join(unknown) or ref!r}; built-in scorers: {', '.join(sorted(builtin))}; "
             "or pass module:function"
         )
-    fn: Callable[..., Any] = scorers.combine(*(scorers.metric(n, _METRICS[n][0](), weight=1.0) for n in names))
+    fn: Callable[..., Any] = scorers.builtin_score_fn(names)
     return fn
 
 
