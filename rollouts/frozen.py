@@ -44,7 +44,7 @@ class FrozenDict(dict[Any, Any]):
 
     __setitem__ = _read_only
     __delitem__ = _read_only
-    __ior__ = _read_only  # type: ignore[assignment]
+    __ior__ = _read_only
     clear = _read_only
     pop = _read_only
     popitem = _read_only
@@ -83,8 +83,8 @@ class FrozenList(list[Any]):
 
     __setitem__ = _read_only
     __delitem__ = _read_only
-    __iadd__ = _read_only  # type: ignore[assignment]
-    __imul__ = _read_only  # type: ignore[assignment]
+    __iadd__ = _read_only
+    __imul__ = _read_only
     append = _read_only
     extend = _read_only
     insert = _read_only

@@ -7,6 +7,7 @@ the CLI continues sessions with the store's own resume functions.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from cli_support import run_cli
@@ -132,3 +133,62 @@ def test_a_public_surface_grouped_by_concept() -> None:
     # the core is at the root
     for name in ("run_agent", "RunConfig", "Message", "evaluate", "exact_match", "CalculatorEnvironment", "optimize"):
         assert name in rollouts.__all__
+
+
+def _readme_module_map() -> list[tuple[list[str], str]]:
+    """The rows of the README's module map: (the paths in the first cell, the whole row)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("| module | what it is |")
+    rows = []
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        first = line.split("|")[1]
+        paths = [p for p in re.findall(r"`([^`]+)`", first) if p.startswith("rollouts/")]
+        if paths:
+            rows.append((paths, line))
+    return rows
+
+
+def _row_of(module: Path, rows: list[tuple[list[str], str]]) -> int | None:
+    """The map row that names `module`: its own path (a top-level module), or its package's
+    row naming it by its path inside the package (`run.py`, `fake_server/`)."""
+    rel = module.relative_to(ROOT).as_posix()
+    for i, (paths, line) in enumerate(rows):
+        if rel in paths:
+            return i
+        for p in paths:
+            if p.endswith("/") and rel.startswith(p):
+                inside = rel[len(p) :]
+                names = set(re.findall(r"`([^`]+)`", line))
+                if module.name == "__init__.py" and "/" not in inside:
+                    return i  # the package's own row
+                if inside in names or module.name in names or inside.split("/")[0] + "/" in names:
+                    return i
+    return None
+
+
+def test_the_readme_module_map_names_every_module_in_layer_order() -> None:
+    """Issue 14: the README's module map matches the tree; each row imports only rows above it
+    (imports for type checking only, and lazy imports inside functions, aside)."""
+    rows = _readme_module_map()
+    modules = sorted(PACKAGE.rglob("*.py"))
+    unnamed = [m.relative_to(ROOT).as_posix() for m in modules if _row_of(m, rows) is None]
+    assert unnamed == [], "add these to the README's Layout table (in their package's row)"
+    named = {p for paths, _ in rows for p in paths}
+    assert [p for p in named if not (ROOT / p).exists()] == []
+    upward = []
+    for m in modules:
+        here = _row_of(m, rows)
+        tree = ast.parse(m.read_text(encoding="utf-8"))
+        for node in tree.body:  # module-level imports only: lazy ones inside functions break no cycle
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rollouts")):
+                continue
+            submodules = [f"{node.module}.{a.name}" for a in node.names if _is_module(f"{node.module}.{a.name}")]
+            for name in submodules or [node.module]:  # `from rollouts import events` imports events
+                target = ROOT.joinpath(*name.split("."))
+                target = target / "__init__.py" if target.is_dir() else target.with_suffix(".py")
+                there = _row_of(target, rows)
+                if here is not None and there is not None and there > here:
+                    upward.append(f"{m.relative_to(ROOT)} imports {name}")
+    assert upward == [], "a row imports a row below it: move the import or the row"

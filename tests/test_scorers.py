@@ -10,6 +10,8 @@ import trio.lowlevel
 
 from rollouts import EvalConfig, Message, Metric, Sample, ScriptedModel, Trajectory, evaluate
 from rollouts.eval.scorers import (
+    BUILTIN_METRICS,
+    builtin_score_fn,
     combine,
     contains,
     exact_match,
@@ -225,3 +227,15 @@ async def test_a_judge_with_a_bad_key_stops_the_eval() -> None:
     )
     with pytest.raises(AuthenticationError):
         await evaluate([{"i": i} for i in range(3)], config)
+
+
+async def test_builtin_scorers_by_name_are_one_table_for_every_caller() -> None:
+    """`--score exact_match,contains` (and the service's batches) name metrics from one library
+    table; each is weighted 1 and an unknown name is refused by name."""
+    score = await builtin_score_fn(["numeric_match", "contains"])(_sample("it is 42", answer="42"))
+    assert [(m.name, m.value, m.weight) for m in score.metrics] == [("numeric_match", 1.0, 1.0), ("contains", 1.0, 1.0)]
+    assert set(BUILTIN_METRICS) >= {"exact_match", "exact_match_tag", "boxed_match", "numeric_match", "contains"}
+    with pytest.raises(ValueError, match="unknown scorer nope; built-in scorers: boxed_match, contains"):
+        builtin_score_fn(["contains", "nope"])
+    with pytest.raises(TypeError):
+        BUILTIN_METRICS["mine"] = BUILTIN_METRICS["contains"]  # type: ignore[index]  # read-only on purpose

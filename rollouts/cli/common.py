@@ -6,10 +6,11 @@ import argparse
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -231,16 +232,19 @@ def environment_class(name: str) -> Any:
 async def make_environment(name: str, cwd: str | None = None, *, confirm: bool = True) -> Environment:
     """A fresh environment for `--env name`. coding and git work in `cwd` (git: in a new
     worktree of the repository there); with `confirm`, shell commands and file writes ask first."""
-    cls = environment_class(name)
+    cls = environment_class(name)  # imported by name (optional extras): constructors differ per name
     root = str(await trio.Path(cwd or os.getcwd()).resolve())
+    env: Environment
     try:
         if name == "coding":
-            return cls(root, confirm_bash=confirm, confirm_writes=confirm)
-        if name == "git":
-            return await cls.create(root, confirm_bash=confirm, confirm_writes=confirm)
-        return cls()
+            env = cls(root, confirm_bash=confirm, confirm_writes=confirm)
+        elif name == "git":
+            env = await cls.create(root, confirm_bash=confirm, confirm_writes=confirm)
+        else:
+            env = cls()
     except ValueError as e:
         raise CLIError(f"--env {name}: {e}") from None
+    return env
 
 
 def load_callable(ref: str, what: str) -> Callable[..., Any]:
@@ -343,3 +347,26 @@ def unwrap_group(e: BaseException) -> BaseException:
             return e
         e = real[0]
     return e
+
+
+@asynccontextmanager
+async def stopped_by_ctrl_c(message: str) -> AsyncIterator[tuple[trio.CancelScope, trio.Event]]:
+    """`(scope, pressed)`: the first Ctrl-C (SIGINT) prints "^C stopping; `message`" to stderr,
+    sets `pressed` and cancels `scope`. Run the work under `scope` (or hand it to the work); ask
+    `pressed.is_set()` afterwards, not `scope.cancel_called` (the work may set the scope's deadline).
+    For `rollouts eval` and `rollouts gepa`; `rollouts run` has its own two-stage interrupts."""
+    scope = trio.CancelScope()
+    pressed = trio.Event()
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for _ in signals:
+                    pressed.set()
+                    print(f"\n^C stopping; {message}", file=sys.stderr)
+                    scope.cancel()
+                    return
+
+            nursery.start_soon(watch)
+            yield scope, pressed
+            nursery.cancel_scope.cancel()

@@ -18,7 +18,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -39,6 +39,10 @@ from rollouts.errors import ModelFileError
 from rollouts.eval.sample import Sample
 from rollouts.providers.scripted import ScriptedModel, ScriptedReply, ScriptedToolCall
 from rollouts.run_config import RunConfig
+
+if TYPE_CHECKING:
+    from rollouts.eval.report import EvalReport
+    from rollouts.store import SessionStore
 
 EXAMPLES = """\
 examples:
@@ -125,7 +129,7 @@ def _scripted_calculator() -> ScriptedModel:
     )
 
 
-async def _scripted_demo(store: Any) -> int:
+async def _scripted_demo(store: SessionStore | None) -> int:
     question = "What is (7 + 5) * 3 / 4?"
     model = _scripted_calculator()
     print(f"user: {question}\n(model: scripted calculator)\n")
@@ -150,7 +154,7 @@ async def _scripted_demo(store: Any) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-async def _calculator_run(store: Any) -> str | None:
+async def _calculator_run(store: SessionStore | None) -> str | None:
     _section(f"a calculator agent on the local model (streamed, at most {CALCULATOR_MAX_TURNS} turns)")
     print(f"user: {CALCULATOR_QUESTION}")
     renderer = TerminalRenderer(sys.stdout, sys.stdout)
@@ -183,7 +187,7 @@ async def _calculator_run(store: Any) -> str | None:
     return final.session_id
 
 
-async def _evaluations(output_root: Path) -> list[Any]:
+async def _evaluations(output_root: Path) -> list[EvalReport]:
     from rollouts.cli.eval import summary_text
     from rollouts.cli.tasks import with_system_prompt
     from rollouts.eval.config import EvalConfig, default_prepare_messages
@@ -241,7 +245,7 @@ async def _local_demo(store: Any, store_root: Path | None, output_root: Path) ->
     return 0
 
 
-def _open_store(args: argparse.Namespace) -> tuple[Any, Path | None]:
+def _open_store(args: argparse.Namespace) -> tuple[SessionStore | None, Path | None]:
     root = sessions_dir(args, get_config())
     try:
         return open_session_store(root), root

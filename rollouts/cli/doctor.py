@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rollouts.cli.common import SESSIONS_DIR_ENV, HelpFormatter, add_sessions_dir_arg, get_config, sessions_dir
+from rollouts.cli.common import HelpFormatter, add_sessions_dir_arg, get_config, sessions_dir
 from rollouts.config import PROVIDER_KEY_ENV, RolloutsConfig, known_providers
 from rollouts.errors import ConfigurationError
+from rollouts.store.files import SESSIONS_DIR_ENV
 
 EXAMPLES = """\
 examples:
@@ -75,7 +76,8 @@ def _local_model(verify: bool) -> dict[str, Any]:
 
 
 def _json_safe(d: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(d, default=str))
+    safe: dict[str, Any] = json.loads(json.dumps(d, default=str))
+    return safe
 
 
 def _count_dirs(path: Path) -> int | None:

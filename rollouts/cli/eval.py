@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -28,6 +27,7 @@ from rollouts.cli.common import (
     load_callable,
     model_config_from_args,
     read_system_prompt,
+    stopped_by_ctrl_c,
 )
 from rollouts.cli.tasks import (
     add_task_args,
@@ -43,6 +43,10 @@ from rollouts.cli.tasks import (
 )
 from rollouts.datasets import BuiltinDataset, builtin_dataset, builtin_dataset_names
 from rollouts.errors import ConfigurationError
+
+if TYPE_CHECKING:  # (the CLI imports the library lazily, for start-up time)
+    from rollouts.eval.config import Dataset, EvalConfig
+    from rollouts.eval.report import EvalReport
 
 EXAMPLES = """\
 examples:
@@ -138,7 +142,7 @@ def format_table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def summary_text(report: Any) -> str:
+def summary_text(report: EvalReport) -> str:
     s = report.summary
     c = s["counts"]
     head = (
@@ -175,28 +179,15 @@ def summary_text(report: Any) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-async def _run(dataset: Any, eval_config: Any) -> tuple[Any, bool]:
+async def _run(dataset: Dataset, eval_config: EvalConfig) -> tuple[EvalReport | None, bool]:
     """evaluate() under a SIGINT receiver: Ctrl-C cancels it (results so far are kept)."""
     from rollouts.eval.run import evaluate, load_report
 
-    interrupted = False
     report = None
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            eval_scope = trio.CancelScope()
-
-            async def watch() -> None:
-                nonlocal interrupted
-                async for _ in signals:
-                    interrupted = True
-                    print("\n^C stopping; finished samples are kept (run again to resume)", file=sys.stderr)
-                    eval_scope.cancel()
-                    return
-
-            nursery.start_soon(watch)
-            with eval_scope:
-                report = await evaluate(dataset, eval_config)
-            nursery.cancel_scope.cancel()
+    async with stopped_by_ctrl_c("finished samples are kept (run again to resume)") as (eval_scope, pressed):
+        with eval_scope:
+            report = await evaluate(dataset, eval_config)
+    interrupted = pressed.is_set()
     if report is None:
         if eval_config.output_dir is None:
             return None, interrupted

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -29,6 +28,7 @@ from rollouts.cli.common import (
     model_config_from_args,
     read_system_prompt,
     refuse_key_flag,
+    stopped_by_ctrl_c,
 )
 from rollouts.cli.tasks import (
     add_task_args,
@@ -40,7 +40,10 @@ from rollouts.cli.tasks import (
     results_root,
     slug,
 )
-from rollouts.config import resolve_model
+from rollouts.config import RolloutsConfig, resolve_model
+
+if TYPE_CHECKING:  # (the CLI imports the library lazily, for start-up time)
+    from rollouts.gepa.result import GEPAResult
 
 EXAMPLES = """\
 examples:
@@ -109,7 +112,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _seed_candidate(args: argparse.Namespace, config: Any) -> dict[str, str]:
+def _seed_candidate(args: argparse.Namespace, config: RolloutsConfig) -> dict[str, str]:
     if args.candidate:
         if args.system_prompt or args.system_prompt_file:
             raise CLIError("give --candidate or --system-prompt/--system-prompt-file, not both")
@@ -128,27 +131,13 @@ def _seed_candidate(args: argparse.Namespace, config: Any) -> dict[str, str]:
     return {"system_prompt": text}
 
 
-async def _run(kwargs: dict[str, Any]) -> tuple[Any, bool]:
+async def _run(kwargs: dict[str, Any]) -> tuple[GEPAResult, bool]:
     """optimize() under a SIGINT receiver: Ctrl-C ends the run with the best so far."""
     from rollouts.gepa import optimize
 
-    interrupted = False
-    scope = trio.CancelScope()
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def watch() -> None:
-                nonlocal interrupted
-                async for _ in signals:
-                    interrupted = True
-                    print("\n^C stopping; the best prompt so far is kept (run again to resume)", file=sys.stderr)
-                    scope.cancel()
-                    return
-
-            nursery.start_soon(watch)
-            result = await optimize(**kwargs, cancel_scope=scope)
-            nursery.cancel_scope.cancel()
-    return result, interrupted
+    async with stopped_by_ctrl_c("the best prompt so far is kept (run again to resume)") as (scope, pressed):
+        result = await optimize(**kwargs, cancel_scope=scope)
+    return result, pressed.is_set()
 
 
 def main(args: argparse.Namespace) -> int:

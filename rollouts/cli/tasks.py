@@ -3,12 +3,13 @@ the results directory."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollouts.cli.common import CLIError, environment_class, load_callable, make_environment
 from rollouts.config import RolloutsConfig
@@ -16,23 +17,11 @@ from rollouts.dtypes import Message
 from rollouts.eval import scorers
 from rollouts.eval.config import DEFAULT_MAX_CONCURRENT
 
+if TYPE_CHECKING:
+    from rollouts.environments.base import Environment
+
 RESULTS_DIR_ENV = "ROLLOUTS_RESULTS_DIR"
 DEFAULT_RESULTS_DIR = "results"
-
-# name -> (metric function factory, what it checks)
-_METRICS: dict[str, tuple[Callable[[], Any], str]] = {
-    "exact_match": (lambda: scorers.exact_match(), "the response equals the row's answer (normalised)"),
-    "exact_match_tag": (
-        lambda: scorers.exact_match(extract=scorers.extract_tag("answer")),
-        "the text inside <answer>...</answer> equals the row's answer",
-    ),
-    "boxed_match": (
-        lambda: scorers.exact_match(extract=scorers.extract_boxed),
-        "the \\boxed{...} answer equals the row's answer",
-    ),
-    "numeric_match": (lambda: scorers.numeric_match(), "the last number in the response equals the answer"),
-    "contains": (lambda: scorers.contains(), "the row's answer appears in the response"),
-}
 
 
 def add_task_args(group: Any, *, system_prompt_help: str) -> None:
@@ -53,7 +42,7 @@ def add_task_args(group: Any, *, system_prompt_help: str) -> None:
 def builtin_scorers() -> dict[str, str]:
     """Built-in scorer names and what they check. Combine several with commas:
     `--score exact_match,contains` (each metric weighted 1)."""
-    return {name: doc for name, (_, doc) in _METRICS.items()}
+    return {name: doc for name, (_, doc) in scorers.BUILTIN_METRICS.items()}
 
 
 def resolve_scorer(ref: str) -> Callable[..., Any]:
@@ -61,13 +50,14 @@ def resolve_scorer(ref: str) -> Callable[..., Any]:
     if ":" in ref:
         return load_callable(ref, "--score")
     names = [n.strip() for n in ref.split(",") if n.strip()]
-    unknown = [n for n in names if n not in _METRICS]
+    builtin = scorers.BUILTIN_METRICS
+    unknown = [n for n in names if n not in builtin]
     if unknown or not names:
         raise CLIError(
-            f"unknown scorer {', '.join(unknown) or ref!r}; built-in scorers: {', '.join(sorted(_METRICS))}; "
+            f"unknown scorer {', '.join(unknown) or ref!r}; built-in scorers: {', '.join(sorted(builtin))}; "
             "or pass module:function"
         )
-    fn: Callable[..., Any] = scorers.combine(*(scorers.metric(n, _METRICS[n][0](), weight=1.0) for n in names))
+    fn: Callable[..., Any] = scorers.builtin_score_fn(names)
     return fn
 
 
@@ -124,12 +114,12 @@ def results_root(config: RolloutsConfig) -> Path:
     return Path(str(chosen)).expanduser()
 
 
-def environment_factory(name: str, cwd: str | None) -> Callable[[], Awaitable[Any]]:
+def environment_factory(name: str, cwd: str | None) -> Callable[[], Awaitable[Environment]]:
     """A factory of fresh `--env name` environments, one per sample (tool calls never ask: there
     is nobody to ask). Fails now, not once per sample, if the environment is unavailable."""
     environment_class(name)
 
-    async def factory() -> Any:
+    async def factory() -> Environment:
         return await make_environment(name, cwd, confirm=False)
 
     factory.__qualname__ = f"cli_environment[{name}]"
@@ -155,7 +145,7 @@ def with_system_prompt(
     return prepare_with_system
 
 
-def check_minimums(args: Any, minimums: Mapping[str, int]) -> None:
+def check_minimums(args: argparse.Namespace, minimums: Mapping[str, int]) -> None:
     """CLIError for a numeric flag below its minimum (`{"max_samples": 0, "max_turns": 1}`)."""
     for flag, minimum in minimums.items():
         value = getattr(args, flag)
@@ -163,7 +153,7 @@ def check_minimums(args: Any, minimums: Mapping[str, int]) -> None:
             raise CLIError(f"--{flag.replace('_', '-')} must be at least {minimum}")
 
 
-def given_settings(values: Mapping[str, Any]) -> Any:
+def given_settings(values: Mapping[str, Any]) -> dict[str, Any]:
     """The EvalConfig arguments the user set (a None is left out: EvalConfig's default applies,
     so defaults are written once, in the library)."""
     return {k: (int(v) if k == "max_concurrent" else v) for k, v in values.items() if v is not None}

@@ -50,10 +50,11 @@ def _become_subreaper() -> bool:
     try:
         import _ctypes
 
-        class _Int(_ctypes._SimpleCData):  # type: ignore[name-defined,misc]
+        # _SimpleCData is generic in typeshed but not subscriptable at run time
+        class _Int(_ctypes._SimpleCData):  # type: ignore[type-arg]
             _type_ = "i"
 
-        class _Func(_ctypes.CFuncPtr):  # type: ignore[name-defined,misc]
+        class _Func(_ctypes.CFuncPtr):
             _flags_ = _ctypes.FUNCFLAG_CDECL
             _restype_ = _Int
 

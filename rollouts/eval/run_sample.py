@@ -71,7 +71,7 @@ def error_text(stage: str, e: BaseException) -> str:
 
 
 def _backoff_delay(config: EvalConfig, retry: int) -> float:
-    base = min(config.retry_backoff_max_s, config.retry_backoff_s * (2**retry))
+    base = min(config.retry_backoff_max_s, config.retry_backoff_s * (2.0**retry))
     return base * (0.5 + random.random() / 2)  # "equal jitter": between half and all of it
 
 

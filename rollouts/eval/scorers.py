@@ -20,8 +20,9 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, TypeAlias
 
 import trio
@@ -271,6 +272,36 @@ def combine(*specs: MetricSpec) -> ScoreFn:
 
     score.__qualname__ = f"combine({', '.join(names)})"
     return score
+
+
+# --------------------------------------------------------------------------------------------
+# built-in scorers by name (`rollouts eval --score NAME`, the service's batches)
+# --------------------------------------------------------------------------------------------
+
+BUILTIN_METRICS: Mapping[str, tuple[Callable[[], MetricFn], str]] = MappingProxyType(
+    {  # name -> (metric function factory, what it checks)
+        "exact_match": (lambda: exact_match(), "the response equals the row's answer (normalised)"),
+        "exact_match_tag": (
+            lambda: exact_match(extract=extract_tag("answer")),
+            "the text inside <answer>...</answer> equals the row's answer",
+        ),
+        "boxed_match": (lambda: exact_match(extract=extract_boxed), "the \\boxed{...} answer equals the row's answer"),
+        "numeric_match": (lambda: numeric_match(), "the last number in the response equals the answer"),
+        "contains": (lambda: contains(), "the row's answer appears in the response"),
+    }
+)
+
+
+def builtin_score_fn(names: Sequence[str]) -> ScoreFn:
+    """`combine()` of built-in metrics by name (`BUILTIN_METRICS`), each weighted 1: what
+    `--score exact_match,contains` means. ValueError naming any unknown name."""
+    unknown = [n for n in names if n not in BUILTIN_METRICS]
+    if unknown or not names:
+        raise ValueError(
+            f"unknown scorer {', '.join(unknown) or repr(','.join(names))}; "
+            f"built-in scorers: {', '.join(sorted(BUILTIN_METRICS))}"
+        )
+    return combine(*(metric(n, BUILTIN_METRICS[n][0](), weight=1.0) for n in names))
 
 
 # --------------------------------------------------------------------------------------------

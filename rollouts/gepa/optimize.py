@@ -66,7 +66,7 @@ def _task_fingerprint(adapter: GEPAAdapter) -> dict[str, Any]:
     return {f"task.{k}": v for k, v in adapter.config.fingerprint.to_dict().items()}
 
 
-def _unwrap(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
+def _unwrap(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The one real error inside nested exception groups (cancellations aside), else the group."""
     leaves: list[BaseException] = []
 

@@ -53,7 +53,7 @@ async def restore_environment(session: AgentSession) -> Environment | None:
         ) from None
     if session.environment_state is None:
         try:
-            return cls()  # type: ignore[call-arg]
+            return cls()
         except TypeError as e:
             raise SessionError(
                 f"session {session.session_id} has no saved state for {type_name} and it cannot be "

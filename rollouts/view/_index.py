@@ -186,7 +186,7 @@ class EvalIndex(_Index):
         except FileNotFoundError:
             return True
         with self.read() as db:
-            return self._get(db, "ino") == st.st_ino and self._get(db, "end", 0) >= st.st_size
+            return bool(self._get(db, "ino") == st.st_ino and self._get(db, "end", 0) >= st.st_size)
 
     def update(self, budget: int = 5000) -> bool:
         """Index up to `budget` new lines; True when lines remain to index."""

@@ -38,7 +38,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from rollouts.view import pages
-from rollouts.view.catalog import Catalog, NotFound
+from rollouts.view.catalog import Catalog, NotFound, SessionQuery
 from rollouts.view.links import ServerLinks
 from rollouts.view.render import STATIC, money, num
 
@@ -183,7 +183,7 @@ def create_app(
     async def api_sessions(r: Request) -> Response:
         p = params(r)
         q = dataclasses.replace(
-            pages.SessionQuery(text=p.get("q", ""), status=p.get("status", ""), model=p.get("model", ""),
+            SessionQuery(text=p.get("q", ""), status=p.get("status", ""), model=p.get("model", ""),
                                tag=pages._pair(p, "tag")),
             offset=pages._int(p, "offset"), limit=pages._int(p, "limit", 50),
         )  # fmt: skip
