@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rollouts.dtypes import Message
@@ -23,7 +23,7 @@ SYSTEM_PROMPT = (
     "in each tool result. When every step is done, call complete_task with the final value."
 )
 
-_OPS = (
+_OPS: tuple[tuple[str, str, Callable[[int, int], int]], ...] = (
     ("add", "add {n}", lambda v, n: v + n),
     ("subtract", "subtract {n}", lambda v, n: v - n),
     ("multiply", "multiply by {n}", lambda v, n: v * n),

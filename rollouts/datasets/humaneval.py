@@ -64,7 +64,7 @@ _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.S | r
 def extract_code(response: str) -> str:
     """The code of an answer: the fenced block that defines a function (the last one if several
     do), else the last fenced block, else the whole text (an unclosed fence is tolerated)."""
-    blocks = _FENCE.findall(response)
+    blocks: list[str] = _FENCE.findall(response)
     if not blocks and "```" in response:
         blocks = [re.sub(r"^```[^\n]*\n", "", response[response.index("```") :]).replace("```", "")]
     if not blocks:

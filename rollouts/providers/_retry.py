@@ -81,7 +81,7 @@ class RetryPolicy:
         """Seconds to wait before retry number `retry_number` (1-based)."""
         if retry_after is not None:
             return max(0.0, min(retry_after, self.max_retry_after))
-        base = min(self.max_delay, self.base_delay * (2 ** (retry_number - 1)))
+        base = min(self.max_delay, self.base_delay * (2.0 ** (retry_number - 1)))
         return base * random.uniform(1.0 - self.jitter, 1.0)
 
 

@@ -45,13 +45,7 @@ ENVIRONMENTS: dict[str, str] = {
     "calculator": "rollouts.environments.calculator:CalculatorEnvironment",
 }
 
-BUILTIN_SCORERS: dict[str, Callable[[], Any]] = {
-    "exact_match": lambda: scorers.exact_match(),
-    "exact_match_tag": lambda: scorers.exact_match(extract=scorers.extract_tag("answer")),
-    "boxed_match": lambda: scorers.exact_match(extract=scorers.extract_boxed),
-    "numeric_match": lambda: scorers.numeric_match(),
-    "contains": lambda: scorers.contains(),
-}
+BUILTIN_SCORERS = scorers.BUILTIN_METRICS  # the same names as `rollouts eval --score`: one table
 
 
 def _import(ref: str, what: str) -> Any:
@@ -85,7 +79,7 @@ def resolve_score(ref: str | None) -> Callable[[Sample], Any] | None:
             f"unknown scorer {', '.join(unknown) or ref!r}; built-in scorers: {', '.join(sorted(BUILTIN_SCORERS))}, "
             "or module:function"
         )
-    return scorers.combine(*(scorers.metric(n, BUILTIN_SCORERS[n](), weight=1.0) for n in names))
+    return scorers.builtin_score_fn(names)
 
 
 def resolve_environment(ref: str | None) -> Callable[[], Any] | None:

@@ -256,7 +256,8 @@ def openapi() -> dict[str, Any]:
 
 def _type(s: dict[str, Any]) -> str:
     if "$ref" in s:
-        return s["$ref"].rsplit("/", 1)[1]
+        ref: str = s["$ref"]
+        return ref.rsplit("/", 1)[1]
     if "enum" in s:
         return " \\| ".join(json.dumps(x) for x in s["enum"])
     if "const" in s:

@@ -275,7 +275,7 @@ class FakeServer:
             item = self._fn(request)
             if inspect.isawaitable(item):
                 item = await item
-            return _as_turn(item)  # type: ignore[arg-type]
+            return _as_turn(item)
         if request.index >= len(self._script):
             raise ScriptExhaustedError(
                 f"fake server script has {len(self._script)} turns but request #{request.index + 1} arrived"
