@@ -121,6 +121,10 @@ MIGRATIONS: list[list[str]] = [
     [
         "CREATE INDEX IF NOT EXISTS tasks_batch_status ON tasks(batch_id, status)",
     ],
+    # 3: the UI pages a batch's tasks in their order (rollouts.service.catalog)
+    [
+        "CREATE INDEX IF NOT EXISTS tasks_batch_seq ON tasks(batch_id, seq)",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
