@@ -37,7 +37,7 @@ class UiData:
 
 
 def result(reward: float, text: str, tokens: int = 10, turns: int = 1) -> dict[str, Any]:
-    traj = Trajectory(messages=[Message(role="user", content="q"), Message(role="assistant", content=text)])
+    traj = Trajectory(messages=(Message(role="user", content="q"), Message(role="assistant", content=text)))
     return {
         "trajectory": traj.to_dict(),
         "score": {

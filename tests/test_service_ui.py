@@ -252,6 +252,12 @@ async def test_model_output_is_escaped_on_every_service_page(ui: Ui) -> None:
         assert "script-src 'self'" in r.headers["content-security-policy"]
 
 
+async def active_version(ui: Ui) -> int:
+    agent = await ui.store.read(accounts.get_agent, ui.data.ws_a, ui.data.agent_a)
+    assert agent is not None
+    return int(agent["active_version"])
+
+
 async def test_promote_needs_the_sessions_csrf_token(ui: Ui) -> None:
     d = ui.data
     await ui.login(d.token_a)
@@ -261,10 +267,10 @@ async def test_promote_needs_the_sessions_csrf_token(ui: Ui) -> None:
     for bad in ({}, {"csrf": ""}, {"csrf": csrf_token(d.token_b)}):
         r = await ui.client.post(url, data=bad)
         assert r.status_code == 403 and "reload the page" in r.text
-        assert (await ui.store.read(accounts.get_agent, d.ws_a, d.agent_a))["active_version"] == 1
+        assert await active_version(ui) == 1
     r = await ui.client.post(url, data={"csrf": _csrf(page)})
     assert r.status_code == 303
-    assert (await ui.store.read(accounts.get_agent, d.ws_a, d.agent_a))["active_version"] == 2
+    assert await active_version(ui) == 2
     assert (
         await ui.client.post(f"/ui/agents/{d.agent_a}/versions/9/promote", data={"csrf": _csrf(page)})
     ).status_code == 404

@@ -162,18 +162,18 @@ def create_ui(
                 return await fn(request)
             except ApiError as e:
                 msg = escape(e.message)
-                return page("Error", Markup("<p class='error'>{}</p>").format(msg), e.status)
+                return page("Error", Markup("<p class='errorbox error'>{}</p>").format(msg), e.status)
 
         return endpoint
 
     # ---- sign in / out ----
     def login_form(message: str = "") -> Markup:
         return Markup(
-            "{}<form method='post' action='{}' class='login'>"
+            "{}<form method='post' action='{}' class='login service'>"
             "<label>Token <input type='password' name='token' autocomplete='off' required></label> "
             "<button type='submit'>Sign in</button></form>"
             "<p class='muted'>A workspace token, made with <code>rollouts service token create</code>.</p>"
-        ).format(Markup("<p class='error'>{}</p>").format(message) if message else "", f"{prefix}/login")
+        ).format(Markup("<p class='errorbox error'>{}</p>").format(message) if message else "", f"{prefix}/login")
 
     async def login(request: Request) -> Response:
         if request.method == "GET":
@@ -236,7 +236,7 @@ def create_ui(
                 )
             )
         table = Markup(
-            "<table class='batches'><thead><tr><th>batch</th><th>agent</th><th>status</th><th>finished</th>"
+            "<table class='grid batches'><thead><tr><th>batch</th><th>agent</th><th>status</th><th>finished</th>"
             "<th>failed</th><th>mean score</th><th>created</th></tr></thead><tbody>{}</tbody></table>"
         ).format(Markup("").join(rows) or Markup("<tr><td colspan='7'>no batches yet</td></tr>"))
         body = Markup("<div data-live='{}'>{}</div>{}").format(f"{prefix}/live-batches", table, logout_form(request))
@@ -249,7 +249,7 @@ def create_ui(
         total = int(detail.report.get("task_count") or 0)
         f = batch_fields(run)
         body = Markup(
-            "<div data-live='{}'><dl class='summary'>"
+            "<div data-live='{}'><dl class='summary service'>"
             "<dt>agent</dt><dd>{}</dd><dt>status</dt><dd>{}</dd><dt>finished</dt><dd>{} of {}</dd>"
             "<dt>failed</dt><dd>{}</dd><dt>mean score</dt><dd>{}</dd><dt>created</dt><dd>{}</dd></dl></div>"
             "<p><a href='{}'>Samples (score, status, turns, tokens, cost, time)</a></p>"
@@ -274,21 +274,24 @@ def create_ui(
         first = await poll()
         ws = current_workspace()
 
+        async def scoped_poll() -> dict[str, str]:
+            with use_workspace(ws):  # (the stream may be iterated in another task; never across a yield)
+                return await poll()
+
         async def events() -> AsyncIterator[str]:
             last = first
             yield f"data: {json.dumps(first)}\n\n"
-            with use_workspace(ws):  # (the stream may run in another task)
-                for n in range(LIVE_MAX_EVENTS):
-                    if finished(last):
-                        yield "event: done\ndata: {}\n\n"
-                        return
-                    await trio.sleep(live_poll_s)
-                    now = await poll()
-                    if now != last:
-                        last = now
-                        yield f"data: {json.dumps(now)}\n\n"
-                    elif n % 15 == 14:
-                        yield ": keep-alive\n\n"
+            for n in range(LIVE_MAX_EVENTS):
+                if finished(last):
+                    yield "event: done\ndata: {}\n\n"
+                    return
+                await trio.sleep(live_poll_s)
+                now = await scoped_poll()
+                if now != last:
+                    last = now
+                    yield f"data: {json.dumps(now)}\n\n"
+                elif n % 15 == 14:
+                    yield ": keep-alive\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -329,7 +332,7 @@ def create_ui(
         v = {k: values.get(k, d) for k, d in (("trainset", ""), ("valset", ""), ("score", "exact_match_tag"),
              ("max_metric_calls", "100"), ("reflection_model", ""), ("parallelism", "5"))}  # fmt: skip
         return Markup(
-            "<h2>Start a GEPA job</h2>{}<form method='post' action='{}' class='gepa-form'>{}"
+            "<h2>Start a GEPA job</h2>{}<form method='post' action='{}' class='gepa-form service'>{}"
             "<label>Agent <select name='agent_id' required>{}</select></label>"
             '<label>Trainset (JSON: [{{"task_id", "user_message", "context"}}, ...]) '
             "<textarea name='trainset' rows='5' required>{}</textarea></label>"
@@ -342,7 +345,7 @@ def create_ui(
             "<label><input type='checkbox' name='promote' value='1'> promote the result</label>"
             "<button type='submit'>Start</button></form>"
         ).format(
-            Markup("<p class='error'>{}</p>").format(error) if error else "",
+            Markup("<p class='errorbox error'>{}</p>").format(error) if error else "",
             f"{prefix}/gepa-jobs",
             _csrf_field(request),
             options,
@@ -375,7 +378,7 @@ def create_ui(
                 )
             )
         table = Markup(
-            "<table class='gepa-jobs'><thead><tr><th>job</th><th>agent</th><th>status</th><th>metric calls</th>"
+            "<table class='grid gepa-jobs'><thead><tr><th>job</th><th>agent</th><th>status</th><th>metric calls</th>"
             "<th>best score</th><th>candidates</th></tr></thead><tbody>{}</tbody></table>"
         ).format(Markup("").join(rows) or Markup("<tr><td colspan='6'>no GEPA jobs yet</td></tr>"))
         body = Markup("<div data-live='{}'>{}</div>{}").format(
@@ -447,7 +450,7 @@ def create_ui(
                 )
             sections.append(
                 Markup(
-                    "<section class='agent' id='{}'><h2>{} <span class='muted'>{}</span></h2><table><thead><tr><th>version</th>"
+                    "<section class='agent' id='{}'><h2>{} <span class='muted'>{}</span></h2><table class='grid'><thead><tr><th>version</th>"
                     "<th>source</th><th>parent</th><th>created</th><th>system prompt</th><th></th></tr></thead>"
                     "<tbody>{}</tbody></table></section>"
                 ).format(agent["agent_id"], agent["name"], agent["agent_id"], Markup("").join(rows))
