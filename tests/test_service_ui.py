@@ -327,3 +327,35 @@ async def test_batch_progress_streams_live_until_the_batch_finishes(ui: Ui) -> N
             if line == "event: done":
                 break
     assert events[-1][f"{d.batch}:done"] == "6" and events[-1][f"{d.batch}:status"] == "partial"
+
+
+async def test_posts_from_another_origin_are_refused(ui: Ui) -> None:
+    d = ui.data
+    host = ui.url.split("://", 1)[1].strip("/")
+    r = await ui.client.post("/ui/login", data={"token": d.token_a}, headers={"origin": "http://evil.example"})
+    assert r.status_code == 403 and "set-cookie" not in r.headers
+    r = await ui.client.post("/ui/login", data={"token": d.token_a}, headers={"origin": f"http://{host}"})
+    assert r.status_code == 303
+    assert r.headers["referrer-policy"] == "same-origin"  # (so that browsers send Origin on our own forms)
+    page = (await ui.client.get("/ui/agents")).text
+    url = f"/ui/agents/{d.agent_a}/versions/2/promote"
+    for origin in ("http://evil.example", "null", f"http://{host}.evil.example"):
+        r = await ui.client.post(url, data={"csrf": _csrf(page)}, headers={"origin": origin})
+        assert r.status_code == 403, origin
+    assert await active_version(ui) == 1
+
+
+async def test_the_service_serves_the_ui_next_to_the_api(db_url: str, nursery: trio.Nursery) -> None:  # noqa: F811
+    from rollouts.service.server import serve as serve_service
+
+    url = await nursery.start(
+        lambda task_status: serve_service(db_url, port=0, gepa_jobs=False, task_status=task_status)
+    )
+    async with httpx2.AsyncClient(base_url=url, timeout=30) as client:
+        r = await client.get("/")
+        assert (r.status_code, r.headers["location"]) == (303, "/ui/batches")
+        assert (await client.get("/ui/batches")).headers["location"] == "/ui/login"
+        assert (await client.get("/ui/login")).status_code == 200
+        assert (await client.get("/v1/health")).json()["status"] == "ok"
+        assert (await client.get("/v1/agents")).status_code == 401
+        assert (await client.get("/ui/static/live.js")).status_code == 200

@@ -191,11 +191,36 @@ _RUN_SELECT = (
     "SUM(CASE WHEN t.status IN ('queued', 'running') THEN 1 ELSE 0 END), "
     "SUM(CASE WHEN t.status = 'queued' THEN 1 ELSE 0 END), "
     "AVG({reward}), MAX(t.finished_at) "
-    "FROM batches b JOIN agents a ON a.id = b.agent_id LEFT JOIN tasks t ON t.batch_id = b.id "
-    "WHERE b.workspace_id = ? {where} "
+    # the newest batches first (the batches_workspace index), then their tasks (tasks_batch_status)
+    "FROM (SELECT * FROM batches WHERE workspace_id = ? {where} ORDER BY created_at DESC, id LIMIT ?) b "
+    "JOIN agents a ON a.id = b.agent_id LEFT JOIN tasks t ON t.batch_id = b.id "
     "GROUP BY b.id, b.agent_id, b.agent_version, b.task_count, b.cancelled_at, b.created_at, a.name "
-    "ORDER BY b.created_at DESC, b.id LIMIT ?"
+    "ORDER BY b.created_at DESC, b.id"
 )
+
+
+def runs_version(tx: Tx, ws: str) -> str:
+    """A token that changes when any of the newest batches of `ws` changes (a task starts or
+    finishes, a batch is created or cancelled): the batches list recomputes only then."""
+    r = tx.one(
+        "SELECT COUNT(*), COUNT(b.cancelled_at), MAX(b.created_at), "
+        "SUM(CASE WHEN t.status <> 'queued' THEN 1 ELSE 0 END), MAX(t.finished_at) "
+        "FROM (SELECT id, cancelled_at, created_at FROM batches WHERE workspace_id = ? "
+        "ORDER BY created_at DESC, id LIMIT ?) b LEFT JOIN tasks t ON t.batch_id = b.id",
+        (ws, _RUNS_LIMIT),
+    )
+    return ":".join(str(x) for x in (r or ()))
+
+
+def jobs_version(tx: Tx, ws: str) -> str:
+    """A token that changes when any GEPA job of `ws` makes progress (or is created)."""
+    r = tx.one(
+        "SELECT COUNT(*), SUM(metric_calls), SUM(candidates), MAX(created_at), MAX(completed_at), "
+        "SUM(CASE WHEN status = 'running' THEN 1 ELSE 0 END), SUM(CASE WHEN status = 'queued' THEN 1 ELSE 0 END) "
+        "FROM gepa_jobs WHERE workspace_id = ?",
+        (ws,),
+    )
+    return ":".join(str(x) for x in (r or ()))
 
 
 def _run_row(r: Sequence[Any]) -> EvalRunRow:
@@ -219,7 +244,7 @@ def _run_row(r: Sequence[Any]) -> EvalRunRow:
 
 
 def _runs(tx: Tx, ws: str, batch_id: str | None = None) -> list[EvalRunRow]:
-    where, params = ("AND b.id = ?", [ws, batch_id]) if batch_id is not None else ("", [ws])
+    where, params = ("AND id = ?", [ws, batch_id]) if batch_id is not None else ("", [ws])
     sql = _RUN_SELECT.format(reward=_reward(tx.dialect), where=where)
     return [_run_row(r) for r in tx.execute(sql, [*params, _RUNS_LIMIT])]
 
@@ -515,6 +540,14 @@ class ServiceCatalog:
     async def gepa_reflections(self, run_id: str, iteration: int) -> Sequence[Reflection]:
         await self.get_gepa_run(run_id)  # NotFound for another workspace's job
         return ()
+
+    async def runs_version(self) -> str:
+        """Changes when any batch in the batches list changes (see `runs_version`)."""
+        return await self.store.read(runs_version, current_workspace())
+
+    async def jobs_version(self) -> str:
+        """Changes when any GEPA job of the workspace changes."""
+        return await self.store.read(jobs_version, current_workspace())
 
     async def version(self, kind: Literal["session", "eval", "gepa"], item_id: str) -> str:
         return await self.store.read(_version, current_workspace(), kind, item_id)

@@ -80,6 +80,31 @@ def _cookie(scope: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _same_origin(scope: Mapping[str, Any]) -> bool:
+    """False when a browser says the request comes from another site (its Origin header names
+    another host than the one it asked): forms of other sites, the login form included, are
+    refused before anything else (on top of SameSite=Strict and the CSRF token)."""
+    headers = {k.decode(): v.decode("latin-1") for k, v in scope.get("headers", []) if k in (b"origin", b"host")}
+    origin = headers.get("origin")
+    if origin is None:
+        return True  # (not a browser, or an old one: the CSRF token still holds)
+    return origin != "null" and origin.partition("://")[2] == headers.get("host")
+
+
+def _same_origin_referrer(send: Any) -> Any:
+    """`send` with `Referrer-Policy: same-origin` instead of the viewer's `no-referrer`: with
+    no-referrer a browser sends `Origin: null` on this site's own forms, which `_same_origin`
+    could not tell from a sandboxed frame of another site. Nothing leaks to other sites either way."""
+
+    async def wrapped(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"referrer-policy"]
+            message = {**message, "headers": [*headers, (b"referrer-policy", b"same-origin")]}
+        await send(message)
+
+    return wrapped
+
+
 class _RequireSession:
     """ASGI middleware: a valid session cookie, or a redirect to the login page / a 401."""
 
@@ -90,7 +115,13 @@ class _RequireSession:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        response: Response
+        send = _same_origin_referrer(send)
         path = _route_path(scope)
+        if scope["method"] not in ("GET", "HEAD") and not _same_origin(scope):
+            response = Response(json.dumps({"error": "cross-origin request"}), 403, media_type="application/json")
+            await response(scope, receive, send)
+            return
         if path == "/login" or path.startswith("/static/"):
             await self.app(scope, receive, send)
             return
@@ -98,7 +129,7 @@ class _RequireSession:
         ws = await self.store.read(accounts.workspace_for_token, token) if token else None
         if ws is None:
             if scope["method"] in ("GET", "HEAD") and not path.startswith(("/api/", "/live")):
-                response: Response = RedirectResponse(f"{self.prefix}/login", status_code=303)
+                response = RedirectResponse(f"{self.prefix}/login", status_code=303)
             else:
                 response = Response(json.dumps({"error": "unauthorized"}), 401, media_type="application/json")
             await response(scope, receive, send)
@@ -269,13 +300,22 @@ def create_ui(
         return page(f"Batch {bid}", body)
 
     async def live_stream(
-        poll: Callable[[], Awaitable[dict[str, str]]], finished: Callable[[dict[str, str]], bool]
+        poll: Callable[[], Awaitable[dict[str, str]]],
+        finished: Callable[[dict[str, str]], bool],
+        version: Callable[[], Awaitable[str]],
     ) -> Response:
+        """Server-sent events of `poll()`'s numbers, recomputed only when `version()` changes."""
+        seen = await version()  # (read before the numbers: a change in between shows next time)
         first = await poll()
         ws = current_workspace()
 
-        async def scoped_poll() -> dict[str, str]:
+        async def scoped_poll() -> dict[str, str] | None:
+            nonlocal seen
             with use_workspace(ws):  # (the stream may be iterated in another task; never across a yield)
+                token = await version()
+                if token == seen:
+                    return None
+                seen = token
                 return await poll()
 
         async def events() -> AsyncIterator[str]:
@@ -287,7 +327,7 @@ def create_ui(
                     return
                 await trio.sleep(live_poll_s)
                 now = await scoped_poll()
-                if now != last:
+                if now is not None and now != last:
                     last = now
                     yield f"data: {json.dumps(now)}\n\n"
                 elif n % 15 == 14:
@@ -296,7 +336,7 @@ def create_ui(
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def live_batches(request: Request) -> Response:
-        return await live_stream(batches_numbers, lambda _: False)
+        return await live_stream(batches_numbers, lambda _: False, catalog.runs_version)
 
     async def live_batch(request: Request) -> Response:
         bid = str(request.path_params["batch_id"])
@@ -304,7 +344,7 @@ def create_ui(
         async def poll() -> dict[str, str]:
             return batch_fields((await catalog.get_eval_run(bid)).row)
 
-        return await live_stream(poll, lambda d: d[f"{bid}:status"] != "running")
+        return await live_stream(poll, lambda d: d[f"{bid}:status"] != "running", lambda: catalog.version("eval", bid))
 
     # ---- GEPA jobs ----
     def job_fields(run: Any) -> dict[str, str]:
@@ -413,7 +453,7 @@ def create_ui(
         return RedirectResponse(f"{prefix}/gepa-jobs#{job['job_id']}", status_code=303)
 
     async def live_gepa_jobs(request: Request) -> Response:
-        return await live_stream(jobs_numbers, lambda _: False)
+        return await live_stream(jobs_numbers, lambda _: False, catalog.jobs_version)
 
     # ---- agents ----
     async def agents_page(request: Request) -> Response:
