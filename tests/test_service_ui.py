@@ -80,8 +80,23 @@ async def test_batches_are_eval_runs_of_their_workspace_only(store: Store, data:
         await cat.list_eval_runs()
 
 
-async def test_samples_are_filtered_sorted_and_paged_in_sql(store: Store, data: UiData) -> None:
+@pytest.mark.parametrize("rows", ["current", "before_migration_4"])
+async def test_samples_are_filtered_sorted_and_paged_in_sql(store: Store, data: UiData, rows: str) -> None:
     cat = ServiceCatalog(store)
+    if rows == "before_migration_4":  # results written before the figures had columns: read from the JSON
+        await store.call(
+            lambda tx: tx.execute(
+                "UPDATE tasks SET reward = NULL, tokens = NULL, turns = NULL, cost_usd = NULL WHERE batch_id = ?",
+                (data.batch,),
+            )
+        )
+    else:
+        got = await store.read(
+            lambda tx: tx.one(
+                "SELECT reward, tokens, turns, cost_usd FROM tasks WHERE task_id = 't0' AND batch_id = ?", (data.batch,)
+            )
+        )
+        assert got == (1.0, 60, 3, 0.03)
 
     async def ids(**q: object) -> list[str]:
         page = await cat.list_samples(data.batch, SampleQuery(**q))  # type: ignore[arg-type]

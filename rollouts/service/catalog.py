@@ -106,12 +106,20 @@ def _metric(d: Dialect, col: str) -> str:
     )
 
 
-def _reward(d: Dialect) -> str:
-    return _num(d, "t.result", "score", "reward")
+# Reward, tokens, turns and cost are columns written with each result (migration 4); rows
+# written before it have NULLs there and are read from the result's JSON (COALESCE evaluates
+# the JSON only for those).
+
+
+def _reward(d: Dialect, t: str = "t") -> str:
+    return f"COALESCE({t}.reward, {_num(d, f'{t}.result', 'score', 'reward')})"
 
 
 def _tokens(d: Dialect) -> str:
-    return f"(COALESCE({_num(d, 't.result', 'usage', 'input_tokens')}, 0) + COALESCE({_num(d, 't.result', 'usage', 'output_tokens')}, 0))"
+    json_tokens = (
+        f"{_num(d, 't.result', 'usage', 'input_tokens')} + COALESCE({_num(d, 't.result', 'usage', 'output_tokens')}, 0)"
+    )
+    return f"COALESCE(t.tokens, {json_tokens})"
 
 
 def _like(text: str) -> str:
@@ -126,9 +134,9 @@ def _sort_expr(d: Dialect, sort: str) -> tuple[str, list[Any]]:
         "id": "t.task_id",
         "reward": _reward(d),
         "status": "t.status",
-        "turns": _num(d, "t.result", "turns"),
+        "turns": f"COALESCE(t.turns, {_num(d, 't.result', 'turns')})",
         "tokens": _tokens(d),
-        "cost": _num(d, "t.result", "usage", "cost_usd"),
+        "cost": f"COALESCE(t.cost_usd, {_num(d, 't.result', 'usage', 'cost_usd')})",
         "time": "t.execution_time_ms",
     }
     if sort not in exprs:
@@ -388,7 +396,7 @@ def _compare(tx: Tx, ws: str, a: str, b: str, offset: int, limit: int) -> Compar
     row_a, row_b = _run(tx, ws, a), _run(tx, ws, b)
     offset, limit = clamp_page(offset, limit)
     d = tx.dialect
-    ra, rb = _num(d, "x.result", "score", "reward"), _num(d, "y.result", "score", "reward")
+    ra, rb = _reward(d, "x"), _reward(d, "y")
     join = "FROM tasks x JOIN tasks y ON y.task_id = x.task_id AND y.batch_id = ? WHERE x.batch_id = ?"
     delta = f"(COALESCE({rb}, 0) - COALESCE({ra}, 0))"
     counts = tx.one(
