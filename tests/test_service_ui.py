@@ -25,7 +25,7 @@ from rollouts.service.server import with_ui
 from rollouts.service.store import Store
 from rollouts.service.ui import COOKIE, csrf_token
 from rollouts.view import serve
-from rollouts.view.catalog import NotFound, SampleQuery, SessionQuery
+from rollouts.view.catalog import Catalog, NotFound, SampleQuery, SessionQuery
 
 
 @pytest.fixture
@@ -47,6 +47,7 @@ async def data(store: Store) -> UiData:
 
 async def test_batches_are_eval_runs_of_their_workspace_only(store: Store, data: UiData) -> None:
     cat = ServiceCatalog(store)
+    assert isinstance(cat, Catalog)  # the viewer's protocol
     with use_workspace(data.ws_a):
         runs = await cat.list_eval_runs()
         assert [r.run_id for r in runs] == [data.batch2, data.batch]  # newest first
