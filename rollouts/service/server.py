@@ -115,7 +115,7 @@ async def serve(
             config.accesslog = None
             config.errorlog = None  # errors are logged by the app, without request details
             config.graceful_timeout = 1.0
-            binds = await nursery.start(hypercorn_serve, app, config)  # type: ignore[arg-type]
+            binds = await nursery.start(hypercorn_serve, app, config)
             nursery.start_soon(_sweeper, store, 5.0)
             for n in range(workers):
                 nursery.start_soon(_worker_process, db_url, worker_concurrency, n)

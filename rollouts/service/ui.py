@@ -73,7 +73,7 @@ def _route_path(scope: Mapping[str, Any]) -> str:
 def _cookie(scope: Mapping[str, Any]) -> str | None:
     for name, value in scope.get("headers", []):
         if name == b"cookie":
-            for part in value.decode("latin-1").split(";"):
+            for part in bytes(value).decode("latin-1").split(";"):
                 key, _, val = part.strip().partition("=")
                 if key == COOKIE and val.startswith(TOKEN_PREFIX) and len(val) <= 200:
                     return val
@@ -84,7 +84,9 @@ def _same_origin(scope: Mapping[str, Any]) -> bool:
     """False when a browser says the request comes from another site (its Origin header names
     another host than the one it asked): forms of other sites, the login form included, are
     refused before anything else (on top of SameSite=Strict and the CSRF token)."""
-    headers = {k.decode(): v.decode("latin-1") for k, v in scope.get("headers", []) if k in (b"origin", b"host")}
+    headers: dict[str, str] = {
+        bytes(k).decode(): bytes(v).decode("latin-1") for k, v in scope.get("headers", []) if k in (b"origin", b"host")
+    }
     origin = headers.get("origin")
     if origin is None:
         return True  # (not a browser, or an old one: the CSRF token still holds)
