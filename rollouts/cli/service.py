@@ -102,10 +102,13 @@ def _serve(args: argparse.Namespace) -> int:
                     limits=limits,
                     data_dir=args.data_dir,
                     job_lease_s=args.job_lease,
+                    ui=not args.no_ui,
                     task_status=task_status,
                 )
             )
             print(f"rollouts service listening on {url} ({args.workers} local workers)", file=sys.stderr, flush=True)
+            if not args.no_ui:
+                print(f"web UI: {url.rstrip('/')}/ui (sign in with a workspace token)", file=sys.stderr, flush=True)
 
     _run(lambda: trio.run(main))
     return 0
@@ -221,6 +224,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="GEPA job lease: a restarted server resumes a job after this long (default: 30)",
     )
+    s.add_argument("--no-ui", action="store_true", help="do not serve the web UI under /ui")
     s.set_defaults(func=_serve)
 
     w = actions.add_parser("worker", help="run tasks from the database's queue", formatter_class=HelpFormatter)

@@ -61,6 +61,34 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+async def start_job(store: Store, ws: str, agent_id: str, body: dict[str, Any], max_tasks: int) -> dict[str, Any]:
+    """Check a job request (`POST /v1/agents/{id}/gepa`'s body) and store the job, queued."""
+    trainset = parse_tasks(body, "trainset", max_tasks, ids_required=False)
+    valset = parse_tasks(body, "valset", max_tasks, ids_required=False) if body.get("valset") is not None else None
+    score = parse_score(body, required=True)
+    budget = integer(body, "max_metric_calls", required=True, minimum=1, maximum=10_000_000)
+    reflection = parse_endpoint(body, "reflection_model")
+    cfg = {
+        "trainset": [{"task_id": t, **inp} for t, inp in trainset],
+        "valset": [{"task_id": t, **inp} for t, inp in valset] if valset else None,
+        "score": score,
+        "max_metric_calls": budget,
+        "parallelism": integer(body, "parallelism", minimum=1, maximum=100_000) or 5,
+        "poll_timeout_s": number(body, "poll_timeout_s", minimum=0.001, maximum=7 * 24 * 3600.0) or 600.0,
+        "timeout_per_task_ms": integer(body, "timeout_per_task_ms", minimum=1, maximum=86_400_000) or 30_000,
+        "score_threshold": number(body, "score_threshold"),
+        "reflection_model": reflection,
+        "seed_prompt": string(body, "seed_prompt", max_len=200_000),
+        "minibatch_size": integer(body, "minibatch_size", minimum=1, maximum=1000),
+        "seed": integer(body, "seed", minimum=0),
+    }
+    promote = boolean(body, "promote") or False
+    version = await store.read(accounts.get_version, ws, agent_id, integer(body, "agent_version", minimum=1))
+    if version is None:
+        raise not_found("agent (or agent version)", "agent_id")
+    return await store.call(jobs.create_job, ws, agent_id, version["version"], cfg, int(budget or 0), promote)
+
+
 class GEPAJobs:
     """Claims and runs GEPA jobs (see the module docstring); also serves the job routes."""
 
@@ -81,6 +109,10 @@ class GEPAJobs:
         self.owner = f"{socket.gethostname()}-{os.getpid()}-{new_id('srv')}"
         self._wake = trio.Event()
         self._running = 0
+
+    def wake(self) -> None:
+        """Look for new jobs now (a job was just stored)."""
+        self._wake.set()
 
     # ---- the runner -----------------------------------------------------------------------------
 
@@ -239,33 +271,15 @@ class GEPAJobs:
 
     async def create_route(self, ctx: Any, request: Request, ws: str) -> Response:
         body = await read_body(request, ctx.limits.max_body_bytes)
-        agent_id = request.path_params["agent_id"]
-        trainset = parse_tasks(body, "trainset", ctx.limits.max_tasks, ids_required=False)
-        valset = parse_tasks(body, "valset", ctx.limits.max_tasks, ids_required=False) if "valset" in body else None
-        score = parse_score(body, required=True)
-        budget = integer(body, "max_metric_calls", required=True, minimum=1, maximum=10_000_000)
-        reflection = parse_endpoint(body, "reflection_model")
-        cfg = {
-            "trainset": [{"task_id": t, **inp} for t, inp in trainset],
-            "valset": [{"task_id": t, **inp} for t, inp in valset] if valset else None,
-            "score": score,
-            "max_metric_calls": budget,
-            "parallelism": integer(body, "parallelism", minimum=1, maximum=100_000) or 5,
-            "poll_timeout_s": number(body, "poll_timeout_s", minimum=0.001, maximum=7 * 24 * 3600.0) or 600.0,
-            "timeout_per_task_ms": integer(body, "timeout_per_task_ms", minimum=1, maximum=86_400_000) or 30_000,
-            "score_threshold": number(body, "score_threshold"),
-            "reflection_model": reflection,
-            "seed_prompt": string(body, "seed_prompt", max_len=200_000),
-            "minibatch_size": integer(body, "minibatch_size", minimum=1, maximum=1000),
-            "seed": integer(body, "seed", minimum=0),
-        }
-        promote = boolean(body, "promote") or False
-        version = await self.store.read(accounts.get_version, ws, agent_id, integer(body, "agent_version", minimum=1))
-        if version is None:
-            raise not_found("agent (or agent version)", "agent_id")
-        job = await self.store.call(jobs.create_job, ws, agent_id, version["version"], cfg, int(budget or 0), promote)
-        self._wake.set()
+        job = await self.start(ws, request.path_params["agent_id"], body, ctx.limits.max_tasks)
         return ok(job, 201)
+
+    async def start(self, ws: str, agent_id: str, body: dict[str, Any], max_tasks: int) -> dict[str, Any]:
+        """Store a job from a request body (the API's JSON, or the UI's form) and wake the runner.
+        Raises ApiError naming the field for bad input, 404 for an unknown agent or version."""
+        job = await start_job(self.store, ws, agent_id, body, max_tasks)
+        self._wake.set()
+        return job
 
     async def get_route(self, ctx: Any, request: Request, ws: str) -> Response:
         job = await self.store.read(jobs.get_job, ws, request.path_params["job_id"])

@@ -331,22 +331,47 @@ def finish(
     error: str | None,
     execution_time_ms: int,
 ) -> bool:
-    """Record a task's outcome; False when it was already finished (then nothing changes)."""
+    """Record a task's outcome; False when it was already finished (then nothing changes).
+
+    The result's reward, tokens, turns and cost are also kept in columns of their own, which
+    the web UI sorts and filters by (rollouts.service.catalog)."""
     assert status in ("completed", "failed", "timeout"), status
     tx.execute(
         f"UPDATE tasks SET status = ?, result = ?, error = ?, execution_time_ms = ?, finished_at = {tx.dialect.now}, "
-        "lease_owner = NULL, lease_expires_at = NULL "
+        "lease_owner = NULL, lease_expires_at = NULL, reward = ?, tokens = ?, turns = ?, cost_usd = ? "
         "WHERE batch_id = ? AND task_id = ? AND status IN ('queued', 'running')",
         (
             status,
             json.dumps(dict(result)) if result is not None else None,
             error,
             int(execution_time_ms),
+            *result_figures(result),
             batch_id,
             task_id,
         ),
     )
     return tx.rowcount == 1
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def result_figures(result: Mapping[str, Any] | None) -> tuple[float | None, int | None, int | None, float | None]:
+    """(reward, tokens, turns, cost_usd) of a task's result (None where it has none)."""
+    if not result:
+        return None, None, None, None
+    score = result.get("score") if isinstance(result.get("score"), Mapping) else {}
+    usage = result.get("usage") if isinstance(result.get("usage"), Mapping) else {}
+    assert isinstance(score, Mapping) and isinstance(usage, Mapping)
+    tokens = [_number(usage.get(k)) for k in ("input_tokens", "output_tokens")]
+    turns = _number(result.get("turns"))
+    return (
+        _number(score.get("reward")),
+        int(sum(t for t in tokens if t is not None)) if any(t is not None for t in tokens) else None,
+        int(turns) if turns is not None else None,
+        _number(usage.get("cost_usd")),
+    )
 
 
 def sweep(tx: Tx, max_attempts: int = 3) -> dict[str, int]:

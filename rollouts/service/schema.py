@@ -121,6 +121,20 @@ MIGRATIONS: list[list[str]] = [
     [
         "CREATE INDEX IF NOT EXISTS tasks_batch_status ON tasks(batch_id, status)",
     ],
+    # 3: the UI pages a batch's tasks in their order (rollouts.service.catalog)
+    [
+        "CREATE INDEX IF NOT EXISTS tasks_batch_seq ON tasks(batch_id, seq)",
+    ],
+    # 4: a result's reward, tokens, turns and cost as columns (written by queue.finish), so the
+    # UI sorts a batch's tasks by them without parsing every result's JSON; older rows have
+    # NULLs and the UI reads their JSON instead
+    [
+        "ALTER TABLE tasks ADD COLUMN reward {float}",
+        "ALTER TABLE tasks ADD COLUMN tokens {bigint}",
+        "ALTER TABLE tasks ADD COLUMN turns INTEGER",
+        "ALTER TABLE tasks ADD COLUMN cost_usd {float}",
+        "CREATE INDEX IF NOT EXISTS tasks_batch_reward ON tasks(batch_id, reward)",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -62,6 +62,21 @@ async def _sweeper(store: Store, every_s: float) -> None:
         await trio.sleep(every_s)
 
 
+def with_ui(api: Any, store: Store, jobs: Any, limits: ApiLimits, prefix: str = "/ui", live_poll_s: float = 1.0) -> Any:
+    """The API with the web UI (rollouts.service.ui) mounted under `prefix`."""
+    from starlette.applications import Starlette
+    from starlette.responses import RedirectResponse
+    from starlette.routing import Mount, Route
+
+    from rollouts.service.ui import create_ui
+
+    async def to_ui(request: Any) -> Any:
+        return RedirectResponse(f"{prefix}/batches", status_code=303)
+
+    ui_app = create_ui(store, gepa=jobs, prefix=prefix, max_tasks=limits.max_tasks, live_poll_s=live_poll_s)
+    return Starlette(routes=[Route("/", to_ui), Mount(prefix, app=ui_app), Mount("", app=api)])
+
+
 async def serve(
     db_url: str,
     *,
@@ -73,11 +88,13 @@ async def serve(
     gepa_jobs: bool = True,
     data_dir: str | None = None,
     job_lease_s: float = 30.0,
+    ui: bool = True,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled. `task_status.started(url)` reports the bound address. GEPA jobs
     keep their run directories under `data_dir` (the engine's logs; the checkpoint is also in
-    the database) and hold a lease of `job_lease_s` seconds."""
+    the database) and hold a lease of `job_lease_s` seconds. `ui` mounts the web UI (the viewer
+    over this database, behind the same tokens) under /ui."""
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
 
@@ -90,7 +107,9 @@ async def serve(
 
                 jobs = GEPAJobs(store, data_dir=data_dir, lease_s=job_lease_s)
                 nursery.start_soon(jobs.run)
-            app = create_app(store, limits=limits, gepa=jobs)
+            app: Any = create_app(store, limits=limits, gepa=jobs)
+            if ui:
+                app = with_ui(app, store, jobs, limits or ApiLimits())
             config = Config()
             config.bind = [f"{host}:{port}"]
             config.accesslog = None

@@ -1,0 +1,561 @@
+"""The viewer's `Catalog` over the service's database: batches as eval runs, GEPA jobs as GEPA runs.
+
+    catalog = ServiceCatalog(store)
+    with use_workspace(workspace_id):          # the UI's auth middleware does this per request
+        page = await catalog.list_samples(batch_id, SampleQuery(sort="reward", descending=True))
+
+Every query is filtered by the workspace of the current request (`use_workspace`, a context
+variable the UI sets after checking the session cookie): another workspace's batch or job is
+`NotFound`, as a missing one. Outside `use_workspace` every method fails (an AssertionError:
+no query ever runs unscoped).
+
+A batch's tasks are its samples: score (the result's reward), status, turns, tokens, cost and
+execution time; filtering, sorting and paging run in SQL on both SQLite and PostgreSQL (JSON
+fields of the stored result are read with each dialect's JSON functions). A GEPA job's
+candidates, lineage, Pareto front and history come from its checkpoint (the engine's state, kept
+in the job row); reflections are not in the checkpoint (they stay in the run directory of the
+server that ran the job), so `gepa_reflections` returns none. The service has no sessions: the
+sessions list is empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+from rollouts.dtypes import Trajectory
+from rollouts.eval.sample import Sample, Score
+from rollouts.gepa.state import GEPAState
+from rollouts.service import queue
+from rollouts.service._db import Dialect, Tx
+from rollouts.service.store import Store
+from rollouts.view.catalog import (
+    METRIC_OPS,
+    SAMPLE_SORTS,
+    CompareRow,
+    Comparison,
+    EvalRunDetail,
+    EvalRunRow,
+    GepaRunDetail,
+    GepaRunRow,
+    NotFound,
+    Page,
+    Reflection,
+    SampleQuery,
+    SampleRow,
+    SessionDetail,
+    SessionQuery,
+    SessionRow,
+    clamp_page,
+)
+
+__all__ = ["ServiceCatalog", "current_workspace", "use_workspace"]
+
+_WORKSPACE: contextvars.ContextVar[str | None] = contextvars.ContextVar("rollouts_ui_workspace", default=None)
+_FINISHED = ("completed", "failed", "timeout", "cancelled")
+_RUNS_LIMIT = 200  # the runs lists show the newest 200 batches / jobs
+_PREVIEW = 160
+
+
+def current_workspace() -> str:
+    """The workspace of the current request (set by `use_workspace`)."""
+    ws = _WORKSPACE.get()
+    assert ws, "a ServiceCatalog query outside use_workspace()"
+    return ws
+
+
+@contextlib.contextmanager
+def use_workspace(workspace_id: str) -> Iterator[None]:
+    """Scope the catalog's queries in this context to `workspace_id`."""
+    token = _WORKSPACE.set(workspace_id)
+    try:
+        yield
+    finally:
+        _WORKSPACE.reset(token)
+
+
+# ---- SQL over JSON, per dialect ---------------------------------------------------------------------
+
+
+def _num(d: Dialect, col: str, *path: str) -> str:
+    """A number inside the JSON text in `col` (NULL when absent)."""
+    if d.is_postgres:
+        return f"(({col})::jsonb #>> '{{{','.join(path)}}}')::double precision"
+    return f"json_extract({col}, '$.{'.'.join(path)}')"
+
+
+def _text(d: Dialect, col: str, *path: str) -> str:
+    if d.is_postgres:
+        return f"(({col})::jsonb #>> '{{{','.join(path)}}}')"
+    return f"CAST(json_extract({col}, '$.{'.'.join(path)}') AS TEXT)"
+
+
+def _metric(d: Dialect, col: str) -> str:
+    """The value of the metric named by the next placeholder, in a result's score."""
+    if d.is_postgres:
+        return (
+            f"(SELECT (m->>'value')::double precision FROM jsonb_array_elements(({col})::jsonb #> '{{score,metrics}}') m "
+            "WHERE m->>'name' = ? LIMIT 1)"
+        )
+    return (
+        f"(SELECT json_extract(m.value, '$.value') FROM json_each({col}, '$.score.metrics') m "
+        "WHERE json_extract(m.value, '$.name') = ? LIMIT 1)"
+    )
+
+
+# Reward, tokens, turns and cost are columns written with each result (migration 4); rows
+# written before it have NULLs there and are read from the result's JSON (COALESCE evaluates
+# the JSON only for those).
+
+
+def _reward(d: Dialect, t: str = "t") -> str:
+    return f"COALESCE({t}.reward, {_num(d, f'{t}.result', 'score', 'reward')})"
+
+
+def _tokens(d: Dialect) -> str:
+    json_tokens = (
+        f"{_num(d, 't.result', 'usage', 'input_tokens')} + COALESCE({_num(d, 't.result', 'usage', 'output_tokens')}, 0)"
+    )
+    return f"COALESCE(t.tokens, {json_tokens})"
+
+
+def _like(text: str) -> str:
+    return "%" + text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _sort_expr(d: Dialect, sort: str) -> tuple[str, list[Any]]:
+    if sort.startswith("metric:"):
+        return _metric(d, "t.result"), [sort[len("metric:") :]]
+    exprs = {
+        "seq": "t.seq",
+        "id": "t.task_id",
+        "reward": _reward(d),
+        "status": "t.status",
+        "turns": f"COALESCE(t.turns, {_num(d, 't.result', 'turns')})",
+        "tokens": _tokens(d),
+        "cost": f"COALESCE(t.cost_usd, {_num(d, 't.result', 'usage', 'cost_usd')})",
+        "time": "t.execution_time_ms",
+    }
+    if sort not in exprs:
+        raise ValueError(f"sort must be one of {', '.join(SAMPLE_SORTS)} or metric:<name>, got {sort!r}")
+    return exprs[sort], []
+
+
+# ---- rows ---------------------------------------------------------------------------------------------
+
+
+def _run_status(status: str) -> str:
+    """A batch's status as the viewer knows it ("running" while tasks are pending)."""
+    return "running" if status in ("queued", "running") else status
+
+
+def _sample_status(task_status: str) -> str:
+    if task_status == "completed":
+        return "completed"
+    return "pending" if task_status in ("queued", "running") else "failed"
+
+
+def _input_preview(raw: str) -> str:
+    try:
+        inp = json.loads(raw)
+    except ValueError:
+        return ""
+    text = inp.get("user_message")
+    if text is None:
+        msgs = inp.get("messages") or []
+        text = next((str(m.get("content")) for m in reversed(msgs) if m.get("role") == "user"), "")
+    return str(text)[:_PREVIEW]
+
+
+def _response_preview(result: dict[str, Any]) -> str:
+    traj = result.get("trajectory") or {}
+    for m in reversed(traj.get("messages") or []):
+        if m.get("role") == "assistant":
+            content = m.get("content")
+            if isinstance(content, str):
+                return content[:_PREVIEW]
+            if isinstance(content, list):
+                texts = [str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text"]
+                return " ".join(texts)[:_PREVIEW]
+    return ""
+
+
+def _metrics(result: dict[str, Any]) -> dict[str, float]:
+    score = result.get("score") or {}
+    return {
+        str(m["name"]): float(m["value"])
+        for m in score.get("metrics") or []
+        if isinstance(m, dict) and isinstance(m.get("value"), int | float)
+    }
+
+
+_RUN_SELECT = (
+    "SELECT b.id, b.agent_id, b.agent_version, b.task_count, b.cancelled_at, b.created_at, a.name, "
+    "SUM(CASE WHEN t.status = 'completed' THEN 1 ELSE 0 END), "
+    "SUM(CASE WHEN t.status IN ('failed', 'timeout', 'cancelled') THEN 1 ELSE 0 END), "
+    "SUM(CASE WHEN t.status IN ('queued', 'running') THEN 1 ELSE 0 END), "
+    "SUM(CASE WHEN t.status = 'queued' THEN 1 ELSE 0 END), "
+    "AVG({reward}), MAX(t.finished_at) "
+    # the newest batches first (the batches_workspace index), then their tasks (tasks_batch_status)
+    "FROM (SELECT * FROM batches WHERE workspace_id = ? {where} ORDER BY created_at DESC, id LIMIT ?) b "
+    "JOIN agents a ON a.id = b.agent_id LEFT JOIN tasks t ON t.batch_id = b.id "
+    "GROUP BY b.id, b.agent_id, b.agent_version, b.task_count, b.cancelled_at, b.created_at, a.name "
+    "ORDER BY b.created_at DESC, b.id"
+)
+
+
+def runs_version(tx: Tx, ws: str) -> str:
+    """A token that changes when any of the newest batches of `ws` changes (a task starts or
+    finishes, a batch is created or cancelled): the batches list recomputes only then."""
+    r = tx.one(
+        "SELECT COUNT(*), COUNT(b.cancelled_at), MAX(b.created_at), "
+        "SUM(CASE WHEN t.status <> 'queued' THEN 1 ELSE 0 END), MAX(t.finished_at) "
+        "FROM (SELECT id, cancelled_at, created_at FROM batches WHERE workspace_id = ? "
+        "ORDER BY created_at DESC, id LIMIT ?) b LEFT JOIN tasks t ON t.batch_id = b.id",
+        (ws, _RUNS_LIMIT),
+    )
+    return ":".join(str(x) for x in (r or ()))
+
+
+def jobs_version(tx: Tx, ws: str) -> str:
+    """A token that changes when any GEPA job of `ws` makes progress (or is created)."""
+    r = tx.one(
+        "SELECT COUNT(*), SUM(metric_calls), SUM(candidates), MAX(created_at), MAX(completed_at), "
+        "SUM(CASE WHEN status = 'running' THEN 1 ELSE 0 END), SUM(CASE WHEN status = 'queued' THEN 1 ELSE 0 END) "
+        "FROM gepa_jobs WHERE workspace_id = ?",
+        (ws,),
+    )
+    return ":".join(str(x) for x in (r or ()))
+
+
+def _run_row(r: Sequence[Any]) -> EvalRunRow:
+    bid, agent_id, version, total, cancelled, created, agent_name, done, failed, pending, queued, mean, last = r
+    done, failed, pending, queued = (int(x or 0) for x in (done, failed, pending, queued))
+    counts = {"completed": done, "failed": failed, "queued": queued, "running": pending - queued}
+    status = _run_status(queue.batch_status(counts, int(total), cancelled is not None))
+    from rollouts.service.api import iso
+
+    return EvalRunRow(
+        run_id=str(bid),
+        name=f"{agent_name} v{version}",
+        location=f"batch of agent {agent_id}",
+        status=status,
+        n_samples=done + failed,
+        n_failed=failed,
+        mean_reward=float(mean) if mean is not None else None,
+        started_at=iso(created) or "",
+        duration_s=(float(last) - float(created)) if last is not None and not pending else None,
+    )
+
+
+def _runs(tx: Tx, ws: str, batch_id: str | None = None) -> list[EvalRunRow]:
+    where, params = ("AND id = ?", [ws, batch_id]) if batch_id is not None else ("", [ws])
+    sql = _RUN_SELECT.format(reward=_reward(tx.dialect), where=where)
+    return [_run_row(r) for r in tx.execute(sql, [*params, _RUNS_LIMIT])]
+
+
+def _run(tx: Tx, ws: str, batch_id: str) -> EvalRunRow:
+    rows = _runs(tx, ws, batch_id)
+    if not rows:
+        raise NotFound(f"no batch {batch_id}")
+    return rows[0]
+
+
+def _eval_run(tx: Tx, ws: str, batch_id: str) -> EvalRunDetail:
+    row = _run(tx, ws, batch_id)
+    b = tx.one(
+        "SELECT agent_id, agent_version, config, task_count, parallelism, timeout_per_task_ms, system_prompt "
+        "FROM batches WHERE id = ? AND workspace_id = ?",
+        (batch_id, ws),
+    )
+    assert b is not None
+    first = tx.one(
+        "SELECT result FROM tasks WHERE batch_id = ? AND status = 'completed' AND result IS NOT NULL ORDER BY seq LIMIT 1",
+        (batch_id,),
+    )
+    names = tuple(_metrics(json.loads(first[0]))) if first is not None else ()
+    metrics: dict[str, float] = {}
+    for name in names:
+        got = tx.one(
+            f"SELECT AVG({_metric(tx.dialect, 't.result')}) FROM tasks t WHERE t.batch_id = ?", (name, batch_id)
+        )
+        if got is not None and got[0] is not None:
+            metrics[name] = float(got[0])
+    report = {
+        "agent_id": b[0],
+        "agent_version": b[1],
+        "config": json.loads(b[2]),
+        "task_count": b[3],
+        "parallelism": b[4],
+        "timeout_per_task_ms": b[5],
+        "system_prompt": b[6],
+    }
+    import dataclasses
+
+    return EvalRunDetail(dataclasses.replace(row, metrics=metrics), report, names)
+
+
+def _samples(tx: Tx, ws: str, batch_id: str, q: SampleQuery) -> Page[SampleRow]:
+    d = tx.dialect
+    if tx.one("SELECT 1 FROM batches WHERE id = ? AND workspace_id = ?", (batch_id, ws)) is None:
+        raise NotFound(f"no batch {batch_id}")
+    offset, limit = clamp_page(q.offset, q.limit)
+    where: list[str] = ["t.batch_id = ?"]
+    params: list[Any] = [batch_id]
+    if q.status:
+        statuses = {"pending": ("queued", "running"), "failed": ("failed", "timeout", "cancelled")}.get(
+            q.status, (q.status,)
+        )
+        where.append(f"t.status IN ({', '.join('?' for _ in statuses)})")
+        params += list(statuses)
+    if q.failed is not None:
+        where.append("t.status <> 'completed'" if q.failed else "t.status = 'completed'")
+    if q.text:
+        where.append("(LOWER(t.input) LIKE ? ESCAPE '\\' OR LOWER(COALESCE(t.result, '')) LIKE ? ESCAPE '\\')")
+        params += [_like(q.text)] * 2
+    if q.meta is not None:
+        key, value = q.meta
+        if not key.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"a metadata key is letters, digits, - and _, got {key!r}")
+        where.append(f"{_text(d, 't.input', 'context', key)} = ?")
+        params.append(value)
+    if q.metric and q.value is not None:
+        if q.op not in METRIC_OPS:
+            raise ValueError(f"op must be one of {' '.join(METRIC_OPS)}, got {q.op!r}")
+        where.append(f"{_metric(d, 't.result')} {q.op} ?")
+        params += [q.metric, float(q.value)]
+    sort, sort_params = _sort_expr(d, q.sort)
+    direction = "DESC" if q.descending else "ASC"
+    clause = " AND ".join(where)
+    total_row = tx.one(f"SELECT COUNT(*) FROM tasks t WHERE {clause}", params)
+    total = int(total_row[0]) if total_row else 0
+    rows = tx.execute(
+        f"SELECT t.task_id, t.seq, t.status, t.input, t.result, t.error, t.execution_time_ms FROM tasks t "
+        f"WHERE {clause} ORDER BY ({sort}) IS NULL, {sort} {direction}, t.seq LIMIT ? OFFSET ?",
+        [*params, *sort_params, *sort_params, limit, offset],
+    )
+    items = []
+    for task_id, seq, status, raw_input, raw_result, error, ms in rows:
+        result = json.loads(raw_result) if raw_result else {}
+        usage = result.get("usage") or {}
+        score = result.get("score") or {}
+        items.append(
+            SampleRow(
+                sample_id=str(task_id),
+                seq=int(seq),
+                status=str(status),
+                reward=float(score["reward"]) if isinstance(score.get("reward"), int | float) else None,
+                metrics=_metrics(result),
+                turns=int(result.get("turns") or 0),
+                tokens=int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0),
+                cost_usd=float(usage.get("cost_usd") or 0.0),
+                duration_s=(ms or 0) / 1000.0,
+                error=error,
+                input_preview=_input_preview(raw_input),
+                response_preview=_response_preview(result),
+            )
+        )
+    return Page(tuple(items), total, offset, limit)
+
+
+def _sample(tx: Tx, ws: str, batch_id: str, task_id: str) -> Sample:
+    row = tx.one(
+        "SELECT t.input, t.status, t.result, t.error, t.execution_time_ms, t.attempts FROM tasks t "
+        "JOIN batches b ON b.id = t.batch_id WHERE t.batch_id = ? AND t.task_id = ? AND b.workspace_id = ?",
+        (batch_id, task_id, ws),
+    )
+    if row is None:
+        raise NotFound(f"no task {task_id} in batch {batch_id}")
+    raw_input, status, raw_result, error, ms, attempts = row
+    result = json.loads(raw_result) if raw_result else {}
+    inp = json.loads(raw_input)
+    traj = result.get("trajectory")
+    score = result.get("score")
+    return Sample(
+        id=str(task_id),
+        input={**(inp.get("context") or {}), **{k: v for k, v in inp.items() if k != "context"}},
+        trajectory=Trajectory.from_dict(traj) if traj else None,
+        score=Score.from_dict(score) if score else None,
+        status=_sample_status(str(status)),  # type: ignore[arg-type]
+        error=error,
+        stop_reason=result.get("stop_reason"),
+        metadata={
+            "task_status": status,
+            "turns": result.get("turns"),
+            "usage": result.get("usage"),
+            "execution_time_ms": ms,
+            "attempts": attempts,
+        },
+    )
+
+
+def _compare(tx: Tx, ws: str, a: str, b: str, offset: int, limit: int) -> Comparison:
+    row_a, row_b = _run(tx, ws, a), _run(tx, ws, b)
+    offset, limit = clamp_page(offset, limit)
+    d = tx.dialect
+    ra, rb = _reward(d, "x"), _reward(d, "y")
+    join = "FROM tasks x JOIN tasks y ON y.task_id = x.task_id AND y.batch_id = ? WHERE x.batch_id = ?"
+    delta = f"(COALESCE({rb}, 0) - COALESCE({ra}, 0))"
+    counts = tx.one(
+        f"SELECT COUNT(*), SUM(CASE WHEN {delta} < 0 THEN 1 ELSE 0 END), SUM(CASE WHEN {delta} > 0 THEN 1 ELSE 0 END) {join}",
+        (b, a),
+    )
+    assert counts is not None
+    shared = int(counts[0] or 0)
+    n_a = tx.one("SELECT COUNT(*) FROM tasks WHERE batch_id = ?", (a,))
+    n_b = tx.one("SELECT COUNT(*) FROM tasks WHERE batch_id = ?", (b,))
+    rows = tx.execute(
+        f"SELECT x.task_id, {ra}, {rb}, x.status, y.status {join} ORDER BY {delta}, x.seq LIMIT ? OFFSET ?",
+        (b, a, limit, offset),
+    )
+    items = tuple(
+        CompareRow(str(t), float(x) if x is not None else None, float(y) if y is not None else None, str(sa), str(sb))
+        for t, x, y, sa, sb in rows
+    )
+    return Comparison(
+        row_a,
+        row_b,
+        Page(items, shared, offset, limit),
+        shared=shared,
+        only_a=int(n_a[0] if n_a else 0) - shared,
+        only_b=int(n_b[0] if n_b else 0) - shared,
+        regressed=int(counts[1] or 0),
+        improved=int(counts[2] or 0),
+    )
+
+
+# ---- GEPA jobs ------------------------------------------------------------------------------------------
+
+_JOB_COLS = "j.id, j.agent_id, a.name, j.status, j.metric_calls, j.max_metric_calls, j.best_score, j.candidates"
+
+
+def _job_row(r: Sequence[Any], iterations: int = 0, best_idx: int = 0, seed_score: float = 0.0) -> GepaRunRow:
+    jid, agent_id, agent_name, status, calls, budget, best, candidates = r
+    return GepaRunRow(
+        run_id=str(jid),
+        name=f"{agent_name} ({agent_id})",
+        location="GEPA job",
+        status=_run_status(str(status)),
+        n_candidates=int(candidates or 0),
+        best_idx=best_idx,
+        best_score=float(best or 0.0),
+        seed_score=seed_score,
+        metric_calls=int(calls or 0),
+        max_metric_calls=int(budget),
+        iterations=iterations,
+    )
+
+
+def _jobs(tx: Tx, ws: str) -> list[GepaRunRow]:
+    rows = tx.execute(
+        f"SELECT {_JOB_COLS} FROM gepa_jobs j JOIN agents a ON a.id = j.agent_id WHERE j.workspace_id = ? "
+        "ORDER BY j.created_at DESC, j.id LIMIT ?",
+        (ws, _RUNS_LIMIT),
+    )
+    return [_job_row(r) for r in rows]
+
+
+def _job(tx: Tx, ws: str, job_id: str) -> GepaRunDetail:
+    r = tx.one(
+        f"SELECT {_JOB_COLS}, j.checkpoint FROM gepa_jobs j JOIN agents a ON a.id = j.agent_id "
+        "WHERE j.id = ? AND j.workspace_id = ?",
+        (job_id, ws),
+    )
+    if r is None:
+        raise NotFound(f"no GEPA job {job_id}")
+    row = _job_row(r[:-1])
+    if not r[-1]:
+        return GepaRunDetail(row, (), (), (), 0)
+    try:
+        result = GEPAState.from_dict(json.loads(r[-1])).to_result(row.status, row.max_metric_calls)
+    except (ValueError, KeyError, TypeError) as e:
+        raise NotFound(f"GEPA job {job_id}: its checkpoint cannot be read ({type(e).__name__})") from None
+    import dataclasses
+
+    row = dataclasses.replace(
+        row,
+        n_candidates=max(row.n_candidates, len(result.candidates)),
+        best_idx=result.best_idx,
+        seed_score=result.seed_score,
+        iterations=result.iterations,
+        metric_calls=max(row.metric_calls, result.metric_calls),
+    )
+    return GepaRunDetail(row, result.candidates, result.history, result.pareto_front, result.valset_size)
+
+
+def _version(tx: Tx, ws: str, kind: str, item_id: str) -> str:
+    if kind == "eval":
+        r = tx.one(
+            "SELECT b.cancelled_at, COUNT(t.task_id), SUM(CASE WHEN t.status = 'running' THEN 1 ELSE 0 END), "
+            "MAX(t.finished_at) FROM batches b LEFT JOIN tasks t ON t.batch_id = b.id "
+            "AND t.status NOT IN ('queued') WHERE b.id = ? AND b.workspace_id = ? GROUP BY b.cancelled_at",
+            (item_id, ws),
+        )
+        if r is None:
+            raise NotFound(f"no batch {item_id}")
+        return ":".join(str(x) for x in r)
+    if kind == "gepa":
+        r = tx.one(
+            "SELECT status, metric_calls, candidates, best_score, completed_at, LENGTH(COALESCE(checkpoint, '')) "
+            "FROM gepa_jobs WHERE id = ? AND workspace_id = ?",
+            (item_id, ws),
+        )
+        if r is None:
+            raise NotFound(f"no GEPA job {item_id}")
+        return ":".join(str(x) for x in r)
+    raise NotFound(f"the service has no {kind} {item_id}")
+
+
+class ServiceCatalog:
+    """The viewer's `Catalog` over a service `Store`, scoped per request by `use_workspace`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def list_sessions(self, query: SessionQuery) -> Page[SessionRow]:
+        current_workspace()
+        offset, limit = clamp_page(query.offset, query.limit)
+        return Page((), 0, offset, limit)
+
+    async def get_session(self, session_id: str, *, offset: int = 0, limit: int = 200) -> SessionDetail:
+        current_workspace()
+        raise NotFound(f"the service has no session {session_id}")
+
+    async def list_eval_runs(self) -> Sequence[EvalRunRow]:
+        return await self.store.read(_runs, current_workspace())
+
+    async def get_eval_run(self, run_id: str) -> EvalRunDetail:
+        return await self.store.read(_eval_run, current_workspace(), run_id)
+
+    async def list_samples(self, run_id: str, query: SampleQuery) -> Page[SampleRow]:
+        return await self.store.read(_samples, current_workspace(), run_id, query)
+
+    async def get_sample(self, run_id: str, sample_id: str) -> Sample:
+        return await self.store.read(_sample, current_workspace(), run_id, sample_id)
+
+    async def compare_runs(self, run_a: str, run_b: str, *, offset: int = 0, limit: int = 50) -> Comparison:
+        return await self.store.read(_compare, current_workspace(), run_a, run_b, offset, limit)
+
+    async def list_gepa_runs(self) -> Sequence[GepaRunRow]:
+        return await self.store.read(_jobs, current_workspace())
+
+    async def get_gepa_run(self, run_id: str) -> GepaRunDetail:
+        return await self.store.read(_job, current_workspace(), run_id)
+
+    async def gepa_reflections(self, run_id: str, iteration: int) -> Sequence[Reflection]:
+        await self.get_gepa_run(run_id)  # NotFound for another workspace's job
+        return ()
+
+    async def runs_version(self) -> str:
+        """Changes when any batch in the batches list changes (see `runs_version`)."""
+        return await self.store.read(runs_version, current_workspace())
+
+    async def jobs_version(self) -> str:
+        """Changes when any GEPA job of the workspace changes."""
+        return await self.store.read(jobs_version, current_workspace())
+
+    async def version(self, kind: Literal["session", "eval", "gepa"], item_id: str) -> str:
+        return await self.store.read(_version, current_workspace(), kind, item_id)

@@ -1,0 +1,377 @@
+"""The viewer inside the rollout service, on SQLite and on a real PostgreSQL (the same tests
+for both): the database catalog's queries (filtering, sorting, paging in SQL, every query scoped
+to one workspace), and the /ui routes served by hypercorn under trio on 127.0.0.1: sign-in by
+cookie, 401/redirect without one, another workspace's objects 404, CSRF on forms, model output
+escaped, live progress by server-sent events."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx2
+import pytest
+import trio
+from _service_db import db_url, postgres  # noqa: F401  (fixtures)
+from _service_ui_data import XSS, UiData, finish, make_ui_data
+
+from rollouts.service import accounts, jobs
+from rollouts.service.api import ApiLimits
+from rollouts.service.api import create_app as create_api
+from rollouts.service.catalog import ServiceCatalog, use_workspace
+from rollouts.service.server import with_ui
+from rollouts.service.store import Store
+from rollouts.service.ui import COOKIE, csrf_token
+from rollouts.view import serve
+from rollouts.view.catalog import Catalog, NotFound, SampleQuery, SessionQuery
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[Store]:  # noqa: F811
+    s = await Store.open(db_url)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+async def data(store: Store) -> UiData:
+    return await make_ui_data(store)
+
+
+# ---- the catalog --------------------------------------------------------------------------------
+
+
+async def test_batches_are_eval_runs_of_their_workspace_only(store: Store, data: UiData) -> None:
+    cat = ServiceCatalog(store)
+    assert isinstance(cat, Catalog)  # the viewer's protocol
+    with use_workspace(data.ws_a):
+        runs = await cat.list_eval_runs()
+        assert [r.run_id for r in runs] == [data.batch2, data.batch]  # newest first
+        one = {r.run_id: r for r in runs}[data.batch]
+        assert (one.status, one.n_samples, one.n_failed, one.name) == ("running", 4, 1, "solver v1")
+        assert one.mean_reward == pytest.approx(2 / 3)
+        assert {r.run_id: r for r in runs}[data.batch2].status == "completed"
+        detail = await cat.get_eval_run(data.batch)
+        assert detail.metric_names == ("exact_match",)
+        assert detail.row.metrics["exact_match"] == pytest.approx(2 / 3)
+        assert detail.report["task_count"] == 6
+        for missing in (data.batch_b, "nope"):
+            with pytest.raises(NotFound):
+                await cat.get_eval_run(missing)
+            with pytest.raises(NotFound):
+                await cat.list_samples(missing, SampleQuery())
+            with pytest.raises(NotFound):
+                await cat.get_sample(missing, "t0")
+            with pytest.raises(NotFound):
+                await cat.version("eval", missing)
+        with pytest.raises(NotFound):
+            await cat.get_gepa_run(data.job_b)
+        with pytest.raises(NotFound):
+            await cat.compare_runs(data.batch, data.batch_b)
+    with use_workspace(data.ws_b):
+        assert [r.run_id for r in await cat.list_eval_runs()] == [data.batch_b]
+        assert [r.run_id for r in await cat.list_gepa_runs()] == [data.job_b]
+        with pytest.raises(NotFound):
+            await cat.get_sample(data.batch, "t0")
+    with pytest.raises(AssertionError):  # never a query without a workspace
+        await cat.list_eval_runs()
+
+
+@pytest.mark.parametrize("rows", ["current", "before_migration_4"])
+async def test_samples_are_filtered_sorted_and_paged_in_sql(store: Store, data: UiData, rows: str) -> None:
+    cat = ServiceCatalog(store)
+    if rows == "before_migration_4":  # results written before the figures had columns: read from the JSON
+        await store.call(
+            lambda tx: tx.execute(
+                "UPDATE tasks SET reward = NULL, tokens = NULL, turns = NULL, cost_usd = NULL WHERE batch_id = ?",
+                (data.batch,),
+            )
+        )
+    else:
+        got = await store.read(
+            lambda tx: tx.one(
+                "SELECT reward, tokens, turns, cost_usd FROM tasks WHERE task_id = 't0' AND batch_id = ?", (data.batch,)
+            )
+        )
+        assert got == (1.0, 60, 3, 0.03)
+
+    async def ids(**q: object) -> list[str]:
+        page = await cat.list_samples(data.batch, SampleQuery(**q))  # type: ignore[arg-type]
+        return [s.sample_id for s in page.items]
+
+    with use_workspace(data.ws_a):
+        assert await ids() == ["t0", "t1", "t2", "t3", "t4", "t5"]
+        assert await ids(sort="reward", descending=True) == ["t0", "t2", "t1", "t3", "t4", "t5"]  # no score: last
+        assert await ids(sort="reward") == ["t1", "t0", "t2", "t3", "t4", "t5"]
+        assert (await ids(sort="tokens", descending=True))[:3] == ["t0", "t2", "t1"]
+        assert (await ids(sort="turns", descending=True))[:3] == ["t0", "t2", "t1"]
+        assert (await ids(sort="metric:exact_match"))[:3] == ["t1", "t0", "t2"]
+        assert await ids(failed=True) == ["t3", "t4", "t5"]
+        assert await ids(status="failed") == ["t3"]
+        assert await ids(status="pending") == ["t4", "t5"]
+        assert await ids(failed=False) == ["t0", "t1", "t2"]
+        assert await ids(metric="exact_match", op=">=", value=1.0) == ["t0", "t2"]
+        assert await ids(metric="exact_match", op="<", value=0.5) == ["t1"]
+        assert await ids(meta=("level", "1")) == ["t1", "t3", "t5"]
+        assert await ids(text="WHAT IS 4 ") == ["t4"]
+        assert await ids(text="<answer>3</answer>") == ["t1"]
+        assert await ids(text="100%") == []  # LIKE wildcards are literal
+        page = await cat.list_samples(data.batch, SampleQuery(offset=2, limit=2))
+        assert ([s.sample_id for s in page.items], page.total, page.has_next) == (["t2", "t3"], 6, True)
+        row = (await cat.list_samples(data.batch, SampleQuery(limit=1))).items[0]
+        assert (row.reward, row.turns, row.tokens, row.status) == (1.0, 3, 60, "completed")
+        assert row.cost_usd == pytest.approx(0.03) and row.duration_s == pytest.approx(0.11)
+        assert row.input_preview == "what is 0 + 0?" and XSS in row.response_preview
+        with pytest.raises(ValueError, match="sort must be"):
+            await ids(sort="nope; DROP TABLE tasks")
+        with pytest.raises(ValueError, match="metadata key"):
+            await ids(meta=("a') OR 1=1 --", "x"))
+        sample = await cat.get_sample(data.batch, "t0")
+        assert sample.trajectory is not None and XSS in sample.response
+        assert sample.reward == 1.0 and sample.input["answer"] == "0" and sample.status == "completed"
+        assert (await cat.get_sample(data.batch, "t4")).status == "pending"
+
+
+async def test_compare_gepa_jobs_and_version_tokens(store: Store, data: UiData) -> None:
+    cat = ServiceCatalog(store)
+    with use_workspace(data.ws_a):
+        c = await cat.compare_runs(data.batch, data.batch2)
+        assert (c.shared, c.regressed, c.improved, c.only_a, c.only_b) == (6, 1, 2, 0, 0)
+        assert [r.sample_id for r in c.rows.items][:2] == ["t0", "t2"]  # regressions first
+        runs = await cat.list_gepa_runs()
+        assert [r.run_id for r in runs] == [data.job]
+        g = await cat.get_gepa_run(data.job)
+        assert (g.row.status, g.row.n_candidates, g.row.metric_calls, len(g.candidates)) == ("running", 4, 22, 4)
+        assert g.pareto_front and g.on_front and len(g.history) == 3
+        assert await cat.gepa_reflections(data.job, 1) == ()
+
+        before = await cat.version("eval", data.batch)
+        assert await cat.version("eval", data.batch) == before
+        await finish(store, data.batch, "t4", 1.0, "ok")
+        assert await cat.version("eval", data.batch) != before
+        job_before = await cat.version("gepa", data.job)
+        await store.call(jobs.save_progress, data.job, "test-owner", metric_calls=30, best_score=1.0, candidates=5)
+        assert await cat.version("gepa", data.job) != job_before
+        assert (await cat.list_sessions(SessionQuery())).total == 0
+
+
+# ---- the UI over HTTP ---------------------------------------------------------------------------
+
+
+@dataclass
+class Ui:
+    data: UiData
+    store: Store
+    url: str
+    client: httpx2.AsyncClient
+
+    async def login(self, token: str) -> httpx2.Response:
+        return await self.client.post("/ui/login", data={"token": token})
+
+
+@pytest.fixture
+async def ui(store: Store, data: UiData, nursery: trio.Nursery) -> AsyncIterator[Ui]:
+    app = with_ui(create_api(store), store, None, ApiLimits(), live_poll_s=0.02)
+    url = await nursery.start(serve, app)
+    async with httpx2.AsyncClient(base_url=url.rstrip("/"), timeout=30) as client:
+        yield Ui(data, store, url, client)
+
+
+def _csrf(html: str) -> str:
+    m = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert m, html[:2000]
+    return m.group(1)
+
+
+async def test_without_a_session_pages_redirect_to_login_and_data_routes_are_401(ui: Ui) -> None:
+    for path in ("/ui/batches", "/ui/", f"/ui/evals/{ui.data.batch}", "/ui/agents", "/ui/gepa-jobs"):
+        r = await ui.client.get(path)
+        assert (r.status_code, r.headers["location"]) == (303, "/ui/login"), path
+    for path in ("/ui/api/evals", f"/ui/live/eval/{ui.data.batch}", f"/ui/live-batches/{ui.data.batch}"):
+        r = await ui.client.get(path)
+        assert (r.status_code, r.json()) == (401, {"error": "unauthorized"}), path
+    r = await ui.client.post(f"/ui/agents/{ui.data.agent_a}/versions/2/promote", data={"csrf": "x"})
+    assert r.status_code == 401
+    login = await ui.client.get("/ui/login")
+    assert login.status_code == 200 and 'name="token"' in login.text.replace("'", '"')
+
+    for bad in ("rlt_" + "x" * 43, "nonsense", ui.data.token_a + "x", ""):
+        r = await ui.login(bad)
+        assert r.status_code == 401 and "That token was not accepted." in r.text
+        assert "set-cookie" not in r.headers and (not bad or bad not in r.text)
+    r = await ui.client.get("/ui/batches", headers={"cookie": f"{COOKIE}=rlt_{'y' * 43}"})
+    assert r.status_code == 303
+
+
+async def test_login_sets_a_strict_httponly_cookie_and_logout_clears_it(ui: Ui) -> None:
+    r = await ui.login(ui.data.token_a)
+    assert (r.status_code, r.headers["location"]) == (303, "/ui/batches")
+    cookie = r.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/ui" in cookie
+    page = await ui.client.get("/ui/batches")
+    assert page.status_code == 200 and ui.data.batch in page.text and ui.data.batch2 in page.text
+    assert ui.data.batch_b not in page.text
+    assert ui.data.token_a not in page.text  # the token is never on a page (the CSRF token is its hash)
+
+    r = await ui.client.post("/ui/logout", data={"csrf": "wrong"})
+    assert r.status_code == 403
+    r = await ui.client.post("/ui/logout", data={"csrf": _csrf(page.text)})
+    assert r.status_code == 303 and r.headers["location"] == "/ui/login"
+    assert (await ui.client.get("/ui/batches")).status_code == 303
+
+
+async def test_a_revoked_token_ends_the_session(ui: Ui) -> None:
+    await ui.login(ui.data.token_a)
+    assert (await ui.client.get("/ui/batches")).status_code == 200
+    for tok in await ui.store.call(accounts.list_tokens):
+        if tok["workspace"] == "alpha":
+            await ui.store.call(accounts.revoke_token, tok["id"])
+    assert (await ui.client.get("/ui/batches")).status_code == 303
+    assert (await ui.client.get("/ui/api/evals")).status_code == 401
+
+
+async def test_another_workspaces_objects_are_404_in_the_ui(ui: Ui) -> None:
+    d = ui.data
+    await ui.login(d.token_a)
+    for path in (
+        f"/ui/batches/{d.batch_b}", f"/ui/evals/{d.batch_b}", f"/ui/evals/{d.batch_b}/samples/t0",
+        f"/ui/api/evals/{d.batch_b}", f"/ui/api/evals/{d.batch_b}/samples", f"/ui/live/eval/{d.batch_b}",
+        f"/ui/live-batches/{d.batch_b}", f"/ui/gepa/{d.job_b}", f"/ui/api/gepa/{d.job_b}",
+        f"/ui/live/gepa/{d.job_b}", f"/ui/compare?a={d.batch}&b={d.batch_b}",
+    ):  # fmt: skip
+        r = await ui.client.get(path)
+        assert r.status_code == 404, (path, r.status_code, r.text[:500])
+    assert (await ui.client.get(f"/ui/batches/{d.batch}")).status_code == 200
+    agents = await ui.client.get("/ui/agents")
+    assert d.agent_b not in agents.text
+    r = await ui.client.post(f"/ui/agents/{d.agent_b}/versions/1/promote", data={"csrf": _csrf(agents.text)})
+    assert r.status_code == 404
+    # and the other way round
+    ui.client.cookies.clear()
+    await ui.login(d.token_b)
+    assert (await ui.client.get(f"/ui/evals/{d.batch}")).status_code == 404
+    assert [r["run_id"] for r in (await ui.client.get("/ui/api/evals")).json()] == [d.batch_b]
+
+
+async def test_model_output_is_escaped_on_every_service_page(ui: Ui) -> None:
+    d = ui.data
+    await ui.login(d.token_a)
+    for path in (f"/ui/evals/{d.batch}/samples/t0", f"/ui/evals/{d.batch}", f"/ui/batches/{d.batch}", "/ui/agents"):
+        r = await ui.client.get(path)
+        assert r.status_code == 200, path
+        assert "<script>alert" not in r.text, path
+        assert "&lt;script&gt;alert" in r.text, path
+        assert "script-src 'self'" in r.headers["content-security-policy"]
+
+
+async def active_version(ui: Ui) -> int:
+    agent = await ui.store.read(accounts.get_agent, ui.data.ws_a, ui.data.agent_a)
+    assert agent is not None
+    return int(agent["active_version"])
+
+
+async def test_promote_needs_the_sessions_csrf_token(ui: Ui) -> None:
+    d = ui.data
+    await ui.login(d.token_a)
+    page = (await ui.client.get("/ui/agents")).text
+    assert "/ui/agents/" + d.agent_a + "/versions/2/promote" in page
+    url = f"/ui/agents/{d.agent_a}/versions/2/promote"
+    for bad in ({}, {"csrf": ""}, {"csrf": csrf_token(d.token_b)}):
+        r = await ui.client.post(url, data=bad)
+        assert r.status_code == 403 and "reload the page" in r.text
+        assert await active_version(ui) == 1
+    r = await ui.client.post(url, data={"csrf": _csrf(page)})
+    assert r.status_code == 303
+    assert await active_version(ui) == 2
+    assert (
+        await ui.client.post(f"/ui/agents/{d.agent_a}/versions/9/promote", data={"csrf": _csrf(page)})
+    ).status_code == 404
+
+
+async def test_the_gepa_form_starts_a_job_and_bad_input_names_the_field(ui: Ui) -> None:
+    d = ui.data
+    await ui.login(d.token_a)
+    page = (await ui.client.get("/ui/gepa-jobs")).text
+    assert d.job in page and d.job_b not in page
+    form = {
+        "csrf": _csrf(page),
+        "agent_id": d.agent_a,
+        "trainset": json.dumps([{"task_id": "a", "user_message": "2 + 2", "context": {"answer": "4"}}]),
+        "score": "exact_match_tag",
+        "max_metric_calls": "40",
+        "parallelism": "3",
+        "reflection_model": "openai-compatible/fake",
+    }
+    r = await ui.client.post("/ui/gepa-jobs", data={**form, "trainset": "[{" + XSS})
+    assert r.status_code == 422 and "trainset: is not JSON" in r.text and "<script>alert" not in r.text
+    r = await ui.client.post("/ui/gepa-jobs", data={**form, "max_metric_calls": "lots"})
+    assert r.status_code == 422 and "max_metric_calls" in r.text
+    r = await ui.client.post("/ui/gepa-jobs", data={**form, "agent_id": d.agent_b})
+    assert r.status_code == 404
+    r = await ui.client.post("/ui/gepa-jobs", data={**form, "csrf": "0" * 64})
+    assert r.status_code == 403
+    with use_workspace(d.ws_a):
+        assert len(await ServiceCatalog(ui.store).list_gepa_runs()) == 1  # nothing stored so far
+    r = await ui.client.post("/ui/gepa-jobs", data=form)
+    assert r.status_code == 303
+    with use_workspace(d.ws_a):
+        runs = await ServiceCatalog(ui.store).list_gepa_runs()
+    assert len(runs) == 2 and runs[0].max_metric_calls == 40 and runs[0].status == "running"  # queued
+    job = await ui.store.read(jobs.get_job, d.ws_a, runs[0].run_id)
+    assert job is not None and job["status"] == "queued"
+
+
+async def test_batch_progress_streams_live_until_the_batch_finishes(ui: Ui) -> None:
+    d = ui.data
+    await ui.login(d.token_a)
+    events: list[dict[str, str]] = []
+    async with ui.client.stream("GET", f"/ui/live-batches/{d.batch}") as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = r.aiter_lines()
+        async for line in lines:
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                if len(events) == 1:
+                    assert events[0][f"{d.batch}:done"] == "4"
+                    await finish(ui.store, d.batch, "t4", 1.0, "ok")
+                elif events[-1][f"{d.batch}:done"] == "5":
+                    await finish(ui.store, d.batch, "t5", 0.0, "no")
+            if line == "event: done":
+                break
+    assert events[-1][f"{d.batch}:done"] == "6" and events[-1][f"{d.batch}:status"] == "partial"
+
+
+async def test_posts_from_another_origin_are_refused(ui: Ui) -> None:
+    d = ui.data
+    host = ui.url.split("://", 1)[1].strip("/")
+    r = await ui.client.post("/ui/login", data={"token": d.token_a}, headers={"origin": "http://evil.example"})
+    assert r.status_code == 403 and "set-cookie" not in r.headers
+    r = await ui.client.post("/ui/login", data={"token": d.token_a}, headers={"origin": f"http://{host}"})
+    assert r.status_code == 303
+    assert r.headers["referrer-policy"] == "same-origin"  # (so that browsers send Origin on our own forms)
+    page = (await ui.client.get("/ui/agents")).text
+    url = f"/ui/agents/{d.agent_a}/versions/2/promote"
+    for origin in ("http://evil.example", "null", f"http://{host}.evil.example"):
+        r = await ui.client.post(url, data={"csrf": _csrf(page)}, headers={"origin": origin})
+        assert r.status_code == 403, origin
+    assert await active_version(ui) == 1
+
+
+async def test_the_service_serves_the_ui_next_to_the_api(db_url: str, nursery: trio.Nursery) -> None:  # noqa: F811
+    from rollouts.service.server import serve as serve_service
+
+    url = await nursery.start(
+        lambda task_status: serve_service(db_url, port=0, gepa_jobs=False, task_status=task_status)
+    )
+    async with httpx2.AsyncClient(base_url=url, timeout=30) as client:
+        r = await client.get("/")
+        assert (r.status_code, r.headers["location"]) == (303, "/ui/batches")
+        assert (await client.get("/ui/batches")).headers["location"] == "/ui/login"
+        assert (await client.get("/ui/login")).status_code == 200
+        assert (await client.get("/v1/health")).json()["status"] == "ok"
+        assert (await client.get("/v1/agents")).status_code == 401
+        assert (await client.get("/ui/static/live.js")).status_code == 200
