@@ -17,9 +17,14 @@ def test_readme_starts_with_the_two_setup_commands() -> None:
     lines = [ln for ln in first_block.group(1).splitlines() if ln.strip()]
     assert lines[0].startswith("pip install -e '.[local]' && rollouts demo")
     test_cmd = lines[1].split("#")[0].strip()
-    assert test_cmd.startswith("pip install -e '.[dev,local]'")
+    assert test_cmd.startswith("scripts/test-setup && ")
     ci = (ROOT / ".ci" / "run").read_text()
     assert test_cmd in ci, ".ci/run must run exactly the README's test command"
+    # what the setup installs: every extra the tiers need, the system packages, the CPU torch first
+    setup = (ROOT / "scripts" / "test-setup").read_text()
+    assert "pip install -q -e '.[dev,local,service,view,train]'" in setup
+    assert "missing+=(chromium)" in setup and "missing+=(postgresql)" in setup
+    assert setup.index("pip install -q 'torch==2.13.0'") < setup.index("pip install -q -e '.[dev")
 
 
 def test_readme_core_example_runs(capsys) -> None:  # type: ignore[no-untyped-def]
