@@ -8,6 +8,7 @@ resumes: finished samples are reused and only missing or failed ones run.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import signal
 import sys
@@ -96,6 +97,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="resume with another score function: keep the recorded trajectories, run only the scoring",
     )
     again.add_argument("--overwrite", action="store_true", help="delete the results in the output directory first")
+    g.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="run the samples in N worker processes on this machine (same output and resume; "
+        "--max-concurrent stays the total in flight). Default 1: in this process",
+    )
     g.add_argument("--name", metavar="NAME", help="evaluation name (default: from the dataset and model)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--json", action="store_true", help="print the final report as JSON instead of a table")
@@ -161,7 +169,9 @@ def summary_text(report: Any) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-async def _run(dataset: Any, eval_config: Any) -> tuple[Any, bool]:
+async def _run(
+    dataset: Any, eval_config: Any, workers: int | None = None, worker_config: Any = None
+) -> tuple[Any, bool]:
     """evaluate() under a SIGINT receiver: Ctrl-C cancels it (results so far are kept)."""
     from rollouts.eval.run import evaluate, load_report
 
@@ -181,7 +191,7 @@ async def _run(dataset: Any, eval_config: Any) -> tuple[Any, bool]:
 
             nursery.start_soon(watch)
             with eval_scope:
-                report = await evaluate(dataset, eval_config)
+                report = await evaluate(dataset, eval_config, workers=workers, worker_config=worker_config)
             nursery.cancel_scope.cancel()
     if report is None:
         if eval_config.output_dir is None:
@@ -198,15 +208,42 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if not args.dataset:
         raise CLIError("give a dataset file: rollouts eval DATA.jsonl -m provider/model")
-    check_minimums(args, {"max_concurrent": 1, "max_samples": 0, "max_turns": 1, "provider_retries": 0})
+    check_minimums(args, {"max_concurrent": 1, "max_samples": 0, "max_turns": 1, "provider_retries": 0, "workers": 1})
     if args.sample_timeout is not None and args.sample_timeout <= 0:
         raise CLIError("--sample-timeout must be a positive number of seconds")
     from rollouts.eval.fingerprint import output_hash
+
+    config = get_config()
+    eval_config = eval_config_from_args(args)
+    # The default directory is named by the setting too, so a different setting never resumes
+    # (and never collides with) another's results.
+    output = (
+        Path(args.output).expanduser()
+        if args.output
+        else results_root(config) / f"{eval_config.eval_name}-{output_hash(eval_config)}"
+    )
+    eval_config = replace(eval_config, output_dir=output)
+    if output.exists() and not args.json:
+        print(f"{'starting over' if args.overwrite else 'resuming'} in {output}", file=sys.stderr)
+    workers = args.workers if args.workers and args.workers > 1 else None
+    # Worker processes rebuild the same EvalConfig from the same arguments (its callables are
+    # closures: they cannot be sent to another process).
+    worker_config = functools.partial(eval_config_from_args, args) if workers else None
+    report, interrupted = trio.run(_run, dataset_of(args), eval_config, workers, worker_config)
+    return _exit_status(args, report, interrupted)
+
+
+def dataset_of(args: argparse.Namespace) -> Any:
+    return load_dataset(args.dataset)
+
+
+def eval_config_from_args(args: argparse.Namespace) -> Any:
+    """The EvalConfig `rollouts eval` runs (without its output_dir); module level, so that
+    `--workers` processes can rebuild it from the same arguments."""
     from rollouts.eval.run import EvalConfig, default_prepare_messages
 
     config = get_config()
     endpoint = model_config_from_args(args, config).to_endpoint()
-    dataset = load_dataset(args.dataset)
     prepare = load_callable(args.prepare, "--prepare") if args.prepare else default_prepare_messages
     system_prompt = read_system_prompt(args, config)
     if system_prompt:
@@ -224,7 +261,7 @@ def main(args: argparse.Namespace) -> int:
         "sample_timeout_s": args.sample_timeout,
         "provider_error_retries": args.provider_retries,
     }
-    eval_config = EvalConfig(
+    return EvalConfig(
         endpoint=endpoint,
         score_fn=score_fn,
         prepare_messages=prepare,
@@ -236,15 +273,9 @@ def main(args: argparse.Namespace) -> int:
         metadata={"dataset": str(Path(args.dataset).resolve()), "model": f"{endpoint.provider}/{endpoint.model}"},
         **given_settings(given),
     )
-    # The default directory is named by the setting too, so a different setting never resumes
-    # (and never collides with) another's results.
-    output = (
-        Path(args.output).expanduser() if args.output else results_root(config) / f"{name}-{output_hash(eval_config)}"
-    )
-    eval_config = replace(eval_config, output_dir=output)
-    if output.exists() and not args.json:
-        print(f"{'starting over' if args.overwrite else 'resuming'} in {output}", file=sys.stderr)
-    report, interrupted = trio.run(_run, dataset, eval_config)
+
+
+def _exit_status(args: argparse.Namespace, report: Any, interrupted: bool) -> int:
     if report is None:
         return 130
     if args.json:

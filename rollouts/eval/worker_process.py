@@ -1,0 +1,121 @@
+"""A worker process of evaluate(..., workers=N) (see rollouts.eval.parallel): started by the
+parent as `python -m rollouts.eval.worker_process`, it reads its WorkerPayload from stdin,
+rebuilds the EvalConfig, and runs the service's Worker loop (claim under a lease, heartbeats,
+idempotent results) with `evaluate_sample` as the task. It stops when its stdin closes (the
+parent is done, interrupted or gone), putting the tasks it holds back in the queue.
+
+Exit status: 0 stopped by the parent; 3 the config could not be built (the message is on
+stderr; the parent reports it instead of restarting the worker).
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+import sys
+import time
+import traceback
+from dataclasses import replace
+from typing import Any
+
+import trio
+
+from rollouts.errors import AuthenticationError
+from rollouts.eval.config import EvalConfig
+from rollouts.eval.parallel import CONFIG_ERROR_EXIT, WorkerPayload
+from rollouts.eval.run import _with_limiters
+from rollouts.eval.run_sample import evaluate_sample
+from rollouts.service.execution import TaskOutcome
+from rollouts.service.queue import ClaimedTask
+from rollouts.service.store import Store
+from rollouts.service.worker import Worker
+
+__all__ = ["EvalWorker", "main"]
+
+
+class EvalWorker(Worker):
+    """The service's Worker, running each claimed row through `evaluate_sample` with one
+    EvalConfig; the result holds the Sample's JSON."""
+
+    def __init__(self, store: Store, config: EvalConfig, **kw: Any) -> None:
+        super().__init__(store, **kw)
+        self.config = config
+
+    async def _execute(self, task: ClaimedTask, claimed_at: float) -> TaskOutcome:
+        started = time.perf_counter()
+        try:
+            sample = await evaluate_sample(task.input, task.task_id, self.config)
+        except AuthenticationError as e:  # every sample would fail: the parent stops the evaluation
+            ms = int((time.perf_counter() - started) * 1000)
+            return TaskOutcome("completed", {"auth_error": str(e)}, None, ms)
+        ms = int((time.perf_counter() - started) * 1000)
+        return TaskOutcome("completed", {"sample": sample.to_dict()}, None, ms)
+
+
+def _read_exactly(stream: Any, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = stream.read(n - len(data))
+        if not chunk:
+            raise EOFError("the parent closed stdin before sending the worker's payload")
+        data += chunk
+    return data
+
+
+def _build_config(payload: WorkerPayload) -> EvalConfig:
+    loaded = pickle.loads(payload.config)
+    config = loaded() if payload.is_factory else loaded
+    if not isinstance(config, EvalConfig):
+        raise TypeError(f"worker_config must return an EvalConfig, got {type(config).__name__}")
+    from rollouts.eval.parallel import _picklable_config
+
+    config = _picklable_config(config)
+    got = config.fingerprint.to_dict()
+    if got != payload.fingerprint:
+        differs = sorted(k for k in got if got[k] != payload.fingerprint.get(k))
+        raise ValueError(
+            f"the EvalConfig built in the worker differs from the parent's in {', '.join(differs)}: "
+            "worker_config must build the same config"
+        )
+    return replace(_with_limiters(config), max_concurrent=payload.concurrency)
+
+
+async def _work(payload: WorkerPayload, config: EvalConfig) -> None:
+    store = await Store.open(payload.db_path, max_connections=4)
+    try:
+        worker = EvalWorker(
+            store,
+            config,
+            concurrency=payload.concurrency,
+            worker_id=payload.worker_id,
+            lease_s=payload.lease_s,
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run)
+            # stdin closes when the parent wants us to stop (or is gone)
+            await trio.to_thread.run_sync(sys.stdin.buffer.read, abandon_on_cancel=True)
+            nursery.cancel_scope.cancel()
+    finally:
+        store.close()
+
+
+def main() -> int:
+    """The worker process's entry point."""
+    try:
+        (size,) = struct.unpack(">Q", _read_exactly(sys.stdin.buffer, 8))
+        payload: WorkerPayload = pickle.loads(_read_exactly(sys.stdin.buffer, size))
+        for entry in reversed(payload.sys_path):  # the parent's imports resolve the same way here
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        config = _build_config(payload)
+    except EOFError:
+        return 0
+    except Exception:
+        traceback.print_exc()
+        return CONFIG_ERROR_EXIT
+    trio.run(_work, payload, config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
