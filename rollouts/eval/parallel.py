@@ -277,11 +277,29 @@ class _Pool:
     workers: int
     fatal: Callable[[BaseException], None]
     procs: dict[int, trio.Process] = field(default_factory=dict)
+    ready: dict[int, trio.Process] = field(default_factory=dict)  # payload sent: may be woken
+    results: trio.Event = field(default_factory=trio.Event)  # a worker recorded a result
     stopping: bool = False
     restarts: int = 0
     generations: dict[int, int] = field(default_factory=dict)
 
-    async def _start(self, slot: int) -> tuple[trio.Process, str, Path]:
+    def wake(self) -> None:
+        """Tell the workers that tasks arrived (a byte on their stdin: SQLite has no NOTIFY)."""
+        for proc in list(self.ready.values()):
+            assert proc.stdin is not None
+            try:
+                # (synchronous on the non-blocking pipe, which the worker keeps reading)
+                os.write(proc.stdin.fileno(), b".")  # type: ignore[attr-defined]
+            except (BlockingIOError, BrokenPipeError, OSError, ValueError):
+                pass  # full (it has wake-ups pending anyway), or it died: watch() sees it
+
+    async def _signals(self, proc: trio.Process) -> None:
+        """Each byte a worker writes on stdout means "results recorded": wake the collector."""
+        assert proc.stdout is not None
+        while await proc.stdout.receive_some(4096):
+            self.results.set()
+
+    async def _start(self, slot: int, nursery: trio.Nursery) -> tuple[trio.Process, str, Path]:
         gen = self.generations.get(slot, 0)
         self.generations[slot] = gen + 1
         worker_id = f"eval-{os.getpid()}-{slot}-{gen}"
@@ -290,21 +308,26 @@ class _Pool:
             proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "rollouts.eval.worker_process"],
                 stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
                 stderr=stderr,
             )
         self.procs[slot] = proc
+        self.ready.pop(slot, None)
+        nursery.start_soon(self._signals, proc)
         data = pickle.dumps(replace(self.payload, worker_id=worker_id))
         assert proc.stdin is not None
         try:
             await proc.stdin.send_all(struct.pack(">Q", len(data)) + data)
         except trio.BrokenResourceError:
             pass  # it died at once: watch() sees it
+        self.ready[slot] = proc
         return proc, worker_id, log
 
-    async def watch(self, slot: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def watch(
+        self, slot: int, nursery: trio.Nursery, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Run a worker in `slot`, replacing it each time it dies (bounded), until stopped."""
-        proc, worker_id, log = await self._start(slot)
+        proc, worker_id, log = await self._start(slot, nursery)
         task_status.started()
         while True:
             code = await proc.wait()
@@ -324,12 +347,14 @@ class _Pool:
                     )
                 )
                 return
-            proc, worker_id, log = await self._start(slot)
+            proc, worker_id, log = await self._start(slot, nursery)
+            self.wake()  # the dead one's tasks are queued again
 
     async def stop(self) -> None:
         """Tell every worker to stop (close its stdin), wait for it (bounded), then kill it.
         Shielded: runs to the end even when the evaluation is cancelled."""
         self.stopping = True
+        self.ready.clear()
         with trio.CancelScope(shield=True):
             for proc in self.procs.values():
                 if proc.stdin is not None:
@@ -417,8 +442,8 @@ async def run_with_workers(
             pool = _Pool(directory, store, payload, workers, stop_all)
             try:
                 for slot in range(workers):
-                    await nursery.start(pool.watch, slot)
-                await _feed_and_collect(run, dataset, run_cfg, store, _finish)
+                    await nursery.start(pool.watch, slot, nursery)
+                await _feed_and_collect(run, dataset, run_cfg, store, _finish, pool)
             finally:
                 await pool.stop()
                 nursery.cancel_scope.cancel()
@@ -429,7 +454,9 @@ async def run_with_workers(
         shutil.rmtree(directory, ignore_errors=True)
 
 
-async def _feed_and_collect(run: Any, dataset: Any, run_cfg: EvalConfig, store: Store, finish: Any) -> None:
+async def _feed_and_collect(
+    run: Any, dataset: Any, run_cfg: EvalConfig, store: Store, finish: Any, pool: _Pool
+) -> None:
     from rollouts.eval.run import _END, _prepared_hash, _Rows
 
     config: EvalConfig = run.config
@@ -486,6 +513,7 @@ async def _feed_and_collect(run: Any, dataset: Any, run_cfg: EvalConfig, store: 
                     run.reused += 1
                     run.record(run.previous.load(sid), reused=True)
         fed.set()
+        pool.results.set()  # (the collector re-checks whether anything is left)
 
     async def insert() -> None:
         async with receive:
@@ -497,21 +525,36 @@ async def _feed_and_collect(run: Any, dataset: Any, run_cfg: EvalConfig, store: 
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
                 await store.call(_enqueue, batch)
+                pool.wake()
 
     async def collect() -> None:
-        wait = 0.005
         while not (fed.is_set() and not tokens):
+            pool.results = signal = trio.Event()  # (before the query: no signal is missed)
             finished = await store.call(_take_finished)
             for task_id, status, input_text, result, error in finished:
                 if task_id in tokens:  # (always: a task is taken out of the queue once)
                     await record(_sample_of(run, task_id, status, input_text, result, error))
-            if finished:
-                wait = 0.005
-                continue
-            await trio.sleep(wait)  # SQLite has no NOTIFY: poll, backing off while nothing finishes
-            wait = min(wait * 2, 0.1)
+            if not finished:
+                # a worker signals each result it records; the timeout covers tasks the
+                # queue itself finishes (a worker lost MAX_ATTEMPTS times)
+                with trio.move_on_after(1.0):
+                    await signal.wait()
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(insert)
-        nursery.start_soon(collect)
-        await feed(nursery)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(insert)
+            nursery.start_soon(collect)
+            await feed(nursery)
+    finally:
+        if tokens:  # cancelled or failed: keep what the workers finished before they stopped
+            await pool.stop()
+            with trio.CancelScope(shield=True) as drain:
+                drain.deadline = trio.current_time() + _STOP_GRACE_S
+                for task_id, status, input_text, result, error in await store.call(_take_finished):
+                    if task_id not in tokens or status != "completed":
+                        continue
+                    try:
+                        sample = _sample_of(run, task_id, status, input_text, result, error)
+                    except AuthenticationError:
+                        continue
+                    await record(sample)

@@ -10,15 +10,18 @@ stderr; the parent reports it instead of restarting the worker).
 
 from __future__ import annotations
 
+import io
+import os
 import pickle
 import struct
 import sys
 import time
 import traceback
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import trio
+import trio.lowlevel
 
 from rollouts.errors import AuthenticationError
 from rollouts.eval.config import EvalConfig
@@ -40,6 +43,20 @@ class EvalWorker(Worker):
     def __init__(self, store: Store, config: EvalConfig, **kw: Any) -> None:
         super().__init__(store, **kw)
         self.config = config
+        self.recorded = trio.Event()
+
+    async def _run_one(self, task: ClaimedTask, scope: trio.CancelScope, claimed_at: float) -> None:
+        await super()._run_one(task, scope, claimed_at)
+        self.recorded.set()
+
+    async def signal_results(self) -> None:
+        """Write a byte on stdout after results were recorded (the parent's collector wakes up);
+        several results recorded meanwhile make one byte."""
+        while True:
+            await self.recorded.wait()
+            self.recorded = trio.Event()
+            os.write(1, b".")  # (a pipe the parent keeps reading)
+            await trio.lowlevel.checkpoint()
 
     async def _execute(self, task: ClaimedTask, claimed_at: float) -> TaskOutcome:
         started = time.perf_counter()
@@ -92,8 +109,11 @@ async def _work(payload: WorkerPayload, config: EvalConfig) -> None:
         )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.run)
-            # stdin closes when the parent wants us to stop (or is gone)
-            await trio.to_thread.run_sync(sys.stdin.buffer.read, abandon_on_cancel=True)
+            nursery.start_soon(worker.signal_results)
+            # a byte on stdin: tasks were queued; end of stdin: the parent wants us to stop (or is gone)
+            stdin = cast(io.BufferedReader, sys.stdin.buffer)
+            while await trio.to_thread.run_sync(stdin.read1, 4096, abandon_on_cancel=True):
+                worker._work_arrived()
             nursery.cancel_scope.cancel()
     finally:
         store.close()
@@ -118,4 +138,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is recorded and closed: skip the interpreter's teardown (modules, GC), which
+    # takes most of a second on a loaded machine and delays the parent's return.
+    os._exit(code)
