@@ -30,3 +30,8 @@ def score(sample: Sample) -> Score:
     text = sample.trajectory.messages[-1].content if sample.trajectory is not None else ""
     ok = f"<answer>{sample.input['q']}</answer>" in str(text)
     return Score((Metric("correct", 1.0 if ok else 0.0, weight=1.0),))
+
+
+def broken_config() -> None:
+    """A worker_config that fails in the worker (the parent only pickles it)."""
+    raise ValueError("this worker cannot build its config: no such dataset split 'dev'")

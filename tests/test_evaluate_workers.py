@@ -19,10 +19,10 @@ import trio
 from cli_support import cli_env, run_cli
 
 from rollouts import Endpoint, EvalConfig, Message, evaluate
-from rollouts.errors import ConfigurationError
+from rollouts.errors import AuthenticationError, ConfigurationError
 from rollouts.eval.parallel import WORKERS_DIR
 from rollouts.eval.sample import Sample
-from rollouts.testing.fake_server import RecordedRequest, open_fake_server
+from rollouts.testing.fake_server import RecordedRequest, http_error, open_fake_server
 
 KEY = "sk-test-workers-not-a-real-key"
 
@@ -230,6 +230,26 @@ async def test_callables_that_cannot_cross_processes_are_clear_errors(tmp_path: 
     assert not (tmp_path / "x").exists()  # refused before anything was started or written
     with pytest.raises(ConfigurationError, match="workers must be an integer >= 1"):
         await evaluate([{"q": 1}], base, workers=0)
+
+
+async def test_a_worker_that_cannot_build_its_config_stops_the_evaluation_with_its_error(tmp_path: Path) -> None:
+    config = EvalConfig(endpoint=task.MODEL.endpoint, prepare_messages=task.prepare, output_dir=tmp_path / "o")
+    with pytest.raises(
+        ConfigurationError,
+        match=r"a worker process could not build its EvalConfig: ValueError: this worker cannot build its config: "
+        r"no such dataset split 'dev'$",
+    ):
+        await evaluate([{"q": 1}, {"q": 2}], config, workers=2, worker_config=task.broken_config)
+    assert not (tmp_path / "o" / WORKERS_DIR).exists()
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["status"] == "failed"
+
+
+async def test_authentication_error_in_a_worker_stops_the_evaluation(tmp_path: Path) -> None:
+    async with open_fake_server(lambda r: http_error(401, message="bad key")) as srv:
+        with pytest.raises(AuthenticationError):
+            await evaluate([{"q": i} for i in range(6)], _fake_config(srv.base_url, tmp_path / "o"), workers=2)
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["status"] == "failed"
+    assert not (tmp_path / "o" / WORKERS_DIR).exists()
 
 
 # --------------------------------------------------------------------------------------------

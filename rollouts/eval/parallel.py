@@ -69,6 +69,7 @@ __all__ = ["WORKERS_DIR", "WorkerPayload", "check_workers", "run_with_workers"]
 
 WORKERS_DIR = ".workers"  # inside output_dir: the queue database and the workers' logs
 QUEUE_FILE = "queue.sqlite"
+ERROR_PREFIX = "rollouts worker error: "  # the last stderr line of a worker that could not start
 CONFIG_ERROR_EXIT = 3  # a worker could not build its config: restarting it would not help
 MAX_ATTEMPTS = 3  # a task whose worker died this many times is recorded as failed
 _BATCH = "eval"
@@ -335,7 +336,10 @@ class _Pool:
                 return
             how = _how_it_ended(code)
             if code == CONFIG_ERROR_EXIT:
-                self.fatal(ConfigurationError(f"a worker process could not start: {_log_tail(log)}"))
+                tail = _log_tail(log)
+                said = [line for line in tail.splitlines() if line.startswith(ERROR_PREFIX)]
+                reason = said[-1][len(ERROR_PREFIX) :] if said else tail
+                self.fatal(ConfigurationError(f"a worker process could not build its EvalConfig: {reason}"))
                 return
             await self.store.call(_requeue_dead, worker_id, how)
             self.restarts += 1
@@ -444,6 +448,8 @@ async def run_with_workers(
                 for slot in range(workers):
                     await nursery.start(pool.watch, slot, nursery)
                 await _feed_and_collect(run, dataset, run_cfg, store, _finish, pool)
+            except Exception as e:  # (raised here, not through the nursery: no exception group)
+                fatal.append(e)
             finally:
                 await pool.stop()
                 nursery.cancel_scope.cancel()
@@ -540,11 +546,24 @@ async def _feed_and_collect(
                 with trio.move_on_after(1.0):
                     await signal.wait()
 
+    errors: list[Exception] = []
+
+    async def guarded(nursery: trio.Nursery, part: Any, *args: Any) -> None:
+        """`part`, its error ending the others and raised once, after the nursery (so an
+        AuthenticationError or a bad row comes out as itself, not in an exception group)."""
+        try:
+            await part(*args)
+        except Exception as e:
+            errors.append(e)
+            nursery.cancel_scope.cancel()
+
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(insert)
-            nursery.start_soon(collect)
-            await feed(nursery)
+            nursery.start_soon(guarded, nursery, insert)
+            nursery.start_soon(guarded, nursery, collect)
+            await guarded(nursery, feed, nursery)
+        if errors:
+            raise errors[0]
     finally:
         if tokens:  # cancelled or failed: keep what the workers finished before they stopped
             await pool.stop()

@@ -25,7 +25,7 @@ import trio.lowlevel
 
 from rollouts.errors import AuthenticationError
 from rollouts.eval.config import EvalConfig
-from rollouts.eval.parallel import CONFIG_ERROR_EXIT, WorkerPayload
+from rollouts.eval.parallel import CONFIG_ERROR_EXIT, ERROR_PREFIX, WorkerPayload
 from rollouts.eval.run import _with_limiters
 from rollouts.eval.run_sample import evaluate_sample
 from rollouts.service.execution import TaskOutcome
@@ -130,8 +130,9 @@ def main() -> int:
         config = _build_config(payload)
     except EOFError:
         return 0
-    except Exception:
+    except Exception as e:
         traceback.print_exc()
+        print(f"{ERROR_PREFIX}{type(e).__name__}: {e}", file=sys.stderr)
         return CONFIG_ERROR_EXIT
     trio.run(_work, payload, config)
     return 0
