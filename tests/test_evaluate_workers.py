@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import _eval_workers_task as task
 import pytest
 import trio
-from cli_support import cli_env, run_cli
+import trio.lowlevel
+from cli_support import CLI, cli_env, run_cli
 
 from rollouts import Endpoint, EvalConfig, Message, evaluate
 from rollouts.errors import AuthenticationError, ConfigurationError
@@ -276,3 +278,52 @@ def test_cli_workers_match_in_process_and_resume(tmp_path: Path) -> None:
     assert "reused 9" in again.stdout, again.stdout + again.stderr
     bad = run_cli(*common, "--workers", "0", tmp=tmp_path, env=env)
     assert bad.returncode == 2 and "--workers must be at least 1" in bad.stderr
+
+
+async def test_cli_ctrl_c_with_workers_keeps_finished_samples_and_resumes(tmp_path: Path) -> None:
+    """SIGINT to the whole process group, as a terminal sends it: the parent stops, the workers
+    (which ignore SIGINT) put their tasks back; exit 130; a rerun runs only the rest."""
+    rows = [{"id": f"r{i}", "prompt": f"q{i}", "answer": f"<answer>{i}</answer>"} for i in range(9)]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = cli_env(tmp_path, TEAM_KEY=KEY)
+    fifth, release = trio.Event(), trio.Event()
+    served = 0
+
+    async def reply(request: RecordedRequest) -> str:
+        nonlocal served
+        served += 1
+        if served == 5:
+            fifth.set()  # 4 in flight at most: a sample has finished in a worker
+        if served > 3:
+            await release.wait()
+        return _answer(request)
+
+    async with open_fake_server(reply) as srv:
+        args = ["eval", "data.jsonl", "-m", "openai-compatible/fake-model", "--api-base", srv.base_url,
+                "--api-key-env", "TEAM_KEY", "--score", "contains", "--no-progress", "--output", "out",
+                "--max-concurrent", "4"]  # fmt: skip
+        proc = await trio.lowlevel.open_process(
+            [*CLI, *args, "--workers", "2"], cwd=tmp_path, env=env, start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            await fifth.wait()
+            os.killpg(proc.pid, signal.SIGINT)
+            assert await proc.wait() == 130
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+        release.set()
+        kept = [x["id"] for x in _lines(tmp_path / "out")]
+        assert 1 <= len(kept) == len(set(kept)) <= 4
+        assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] == "cancelled"
+        assert not (tmp_path / "out" / WORKERS_DIR).exists()
+        before = len(srv.scripted_requests)
+        again = await trio.run_process(
+            [*CLI, *args, "--workers", "2"], cwd=tmp_path, env=env, capture_stdout=True, capture_stderr=True,
+            check=False, stdin=b"",
+        )  # fmt: skip
+        assert again.returncode == 0, again.stderr.decode()[-2000:]
+        assert len(srv.scripted_requests) - before == 9 - len(kept)
+    assert f"reused {len(kept)}" in again.stdout.decode()
+    assert sorted(x["id"] for x in _lines(tmp_path / "out")) == sorted(r["id"] for r in rows)

@@ -423,9 +423,10 @@ async def run_with_workers(
 
     config: EvalConfig = run.config
     directory = _queue_dir(config)
-    store = await Store.open(str(directory / QUEUE_FILE), max_connections=4)
+    store: Store | None = None
     fatal: list[BaseException] = []
     try:
+        store = await Store.open(str(directory / QUEUE_FILE), max_connections=4)
         await store.call(_create_batch, config.effective_max_turns)
         payload = WorkerPayload(
             sys_path=tuple(sys.path),
@@ -456,7 +457,8 @@ async def run_with_workers(
         if fatal:
             raise fatal[0]
     finally:
-        store.close()
+        if store is not None:
+            store.close()
         shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -4,7 +4,8 @@ rebuilds the EvalConfig, and runs the service's Worker loop (claim under a lease
 idempotent results) with `evaluate_sample` as the task. It stops when its stdin closes (the
 parent is done, interrupted or gone), putting the tasks it holds back in the queue.
 
-Exit status: 0 stopped by the parent; 3 the config could not be built (the message is on
+SIGINT is ignored (Ctrl-C in a terminal reaches the whole process group; the parent handles
+it). Exit status: 0 stopped by the parent; 3 the config could not be built (the message is on
 stderr; the parent reports it instead of restarting the worker).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import signal
 import struct
 import sys
 import time
@@ -159,6 +161,9 @@ async def _work(payload: WorkerPayload, config: EvalConfig) -> None:
 
 def main() -> int:
     """The worker process's entry point."""
+    # Ctrl-C in a terminal reaches the whole process group: the parent handles it and stops
+    # the workers by closing their stdin (they put their tasks back and write what finished).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         (size,) = struct.unpack(">Q", _read_exactly(sys.stdin.buffer, 8))
         payload: WorkerPayload = pickle.loads(_read_exactly(sys.stdin.buffer, size))
