@@ -35,3 +35,8 @@ def score(sample: Sample) -> Score:
 def broken_config() -> None:
     """A worker_config that fails in the worker (the parent only pickles it)."""
     raise ValueError("this worker cannot build its config: no such dataset split 'dev'")
+
+
+def score_len(sample: Sample) -> Score:
+    """Another score function (for --rescore): 1 for any reply."""
+    return Score((Metric("replied", 1.0, weight=1.0),))

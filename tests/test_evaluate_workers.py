@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -82,11 +83,11 @@ async def test_scripted_model_results_match_the_in_process_path(tmp_path: Path) 
     config = EvalConfig(
         endpoint=task.MODEL.endpoint, prepare_messages=task.prepare, score_fn=task.score, show_progress=False
     )
-    inproc = await evaluate(rows, EvalConfig(**{**config.__dict__, "output_dir": tmp_path / "a"}))
+    inproc = await evaluate(rows, replace(config, output_dir=tmp_path / "a"))
     ended: list[str] = []
     parallel = await evaluate(
         rows,
-        EvalConfig(**{**config.__dict__, "output_dir": tmp_path / "b", "on_sample_end": lambda s: ended.append(s.id)}),
+        replace(config, output_dir=tmp_path / "b", on_sample_end=lambda s: ended.append(s.id)),
         workers=2,
     )
     assert _outcomes(parallel.samples) == _outcomes(inproc.samples)
@@ -115,6 +116,22 @@ async def test_fake_server_results_match_and_rerun_reuses_everything(tmp_path: P
     assert again.reused == 30 and _outcomes(again.samples) == _outcomes(inproc.samples)
     assert len(_lines(tmp_path / "b")) == 30
     assert KEY not in (tmp_path / "b" / "samples.jsonl").read_text()
+
+
+async def test_without_output_dir_and_rescore_with_workers(tmp_path: Path) -> None:
+    rows = [{"q": i} for i in range(10)]
+    base = EvalConfig(
+        endpoint=task.MODEL.endpoint, prepare_messages=task.prepare, score_fn=task.score, show_progress=False
+    )
+    bare = await evaluate(rows, base, workers=2)  # (the queue in a temporary directory)
+    assert [s.status for s in bare.samples] == ["completed"] * 10
+    assert bare.summary["reward"]["mean"] == 0.8
+    out = tmp_path / "o"
+    await evaluate(rows, replace(base, output_dir=out), workers=2)
+    calls = task.MODEL.calls
+    rescored = await evaluate(rows, replace(base, output_dir=out, score_fn=task.score_len, rescore=True), workers=2)
+    assert task.MODEL.calls == calls  # (in this process: the parent rescored, no model call anywhere)
+    assert rescored.rescored == 10 and rescored.summary["reward"]["mean"] == 1.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,16 +234,16 @@ async def test_callables_that_cannot_cross_processes_are_clear_errors(tmp_path: 
         return None
 
     cases = [
-        (EvalConfig(**{**base.__dict__, "prepare_messages": lambda row: [Message("user", "x")]}),
+        (replace(base, prepare_messages=lambda row: [Message("user", "x")]),
          ["EvalConfig.prepare_messages", "is a lambda", "module level", "workers=1"]),
-        (EvalConfig(**{**base.__dict__, "score_fn": local_score}),
+        (replace(base, score_fn=local_score),
          ["EvalConfig.score_fn", "local_score is defined inside a function", "worker_config="]),
-        (EvalConfig(**{**base.__dict__, "on_sample_event": task.prepare}),
+        (replace(base, on_sample_event=task.prepare),
          ["EvalConfig.on_sample_event", "another process", "on_sample_end"]),
     ]  # fmt: skip
     for config, needles in cases:
         with pytest.raises(ConfigurationError) as e:
-            await evaluate([{"q": 1}], EvalConfig(**{**config.__dict__, "output_dir": tmp_path / "x"}), workers=2)
+            await evaluate([{"q": 1}], replace(config, output_dir=tmp_path / "x"), workers=2)
         for needle in needles:
             assert needle in str(e.value), (needle, str(e.value))
     assert not (tmp_path / "x").exists()  # refused before anything was started or written
