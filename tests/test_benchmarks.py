@@ -53,3 +53,11 @@ def test_providers_benchmark_prints_ratios_against_the_bare_sdk() -> None:
         r["concurrent200_wall_s"] / r["concurrent200_sdk_wall_s"], rel=0.02
     )
     assert r["concurrent200_wall_s"] >= r["concurrent200_ideal_s"] == 0.1  # nothing beats the first-byte latency
+
+
+def test_evaluate_workers_benchmark_prints_both_rates() -> None:
+    r = _run("evaluate_workers.py", "--samples", "40", "--concurrency", "8", "--latency", "0.01", "--repeats", "1")
+    for name in ("inprocess", "w2"):
+        assert r[f"samples_per_s_{name}"] > 0 and r[f"cpu_ms_per_sample_{name}"] > 0
+        assert r[f"first_result_s_{name}"] > 0
+    assert r["samples"] == 40

@@ -8,6 +8,7 @@ resumes: finished samples are reused and only missing or failed ones run.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Sequence
@@ -106,6 +107,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="continue a sample that ended in a provider error up to N more times (default: EvalConfig's, 2)",
     )
+    g.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="run the samples in N worker processes on this machine (same output and resume; "
+        "--max-concurrent stays the total in flight). Default 1: in this process",
+    )
     g.add_argument("--output", metavar="DIR", help="results directory (resumes when it exists)")
     again = g.add_mutually_exclusive_group()
     again.add_argument(
@@ -179,14 +187,16 @@ def summary_text(report: EvalReport) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-async def _run(dataset: Dataset, eval_config: EvalConfig) -> tuple[EvalReport | None, bool]:
+async def _run(
+    dataset: Dataset, eval_config: EvalConfig, workers: int | None = None, worker_config: Any = None
+) -> tuple[EvalReport | None, bool]:
     """evaluate() under a SIGINT receiver: Ctrl-C cancels it (results so far are kept)."""
     from rollouts.eval.run import evaluate, load_report
 
     report = None
     async with stopped_by_ctrl_c("finished samples are kept (run again to resume)") as (eval_scope, pressed):
         with eval_scope:
-            report = await evaluate(dataset, eval_config)
+            report = await evaluate(dataset, eval_config, workers=workers, worker_config=worker_config)
     interrupted = pressed.is_set()
     if report is None:
         if eval_config.output_dir is None:
@@ -214,16 +224,47 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if not args.dataset:
         raise CLIError("give a dataset file or a built-in dataset name: rollouts eval DATA.jsonl -m provider/model")
-    check_minimums(args, {"max_concurrent": 1, "max_samples": 0, "max_turns": 1, "provider_retries": 0})
+    check_minimums(args, {"max_concurrent": 1, "max_samples": 0, "max_turns": 1, "provider_retries": 0, "workers": 1})
     if args.sample_timeout is not None and args.sample_timeout <= 0:
         raise CLIError("--sample-timeout must be a positive number of seconds")
     from rollouts.eval.fingerprint import output_hash
+
+    config = get_config()
+    eval_config = eval_config_from_args(args)
+    # The default directory is named by the setting too, so a different setting never resumes
+    # (and never collides with) another's results.
+    output = (
+        Path(args.output).expanduser()
+        if args.output
+        else results_root(config) / f"{eval_config.eval_name}-{output_hash(eval_config)}"
+    )
+    eval_config = replace(eval_config, output_dir=output)
+    if output.exists() and not args.json:
+        print(f"{'starting over' if args.overwrite else 'resuming'} in {output}", file=sys.stderr)
+    workers = args.workers if args.workers and args.workers > 1 else None
+    # Worker processes rebuild the same EvalConfig from the same arguments (its callables are
+    # closures: they cannot be sent to another process).
+    worker_config = functools.partial(eval_config_from_args, args) if workers else None
+    report, interrupted = trio.run(_run, dataset_of(args), eval_config, workers, worker_config)
+    return _exit_status(args, report, interrupted)
+
+
+def dataset_of(args: argparse.Namespace) -> Any:
+    """The rows: a built-in dataset's, or the file's (read lazily)."""
+    builtin = _builtin(args.dataset)
+    return builtin.rows if builtin is not None else load_dataset(args.dataset)
+
+
+def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
+    """The EvalConfig `rollouts eval` runs (without its output_dir); module level, so that
+    `--workers` processes can rebuild it from the same arguments."""
     from rollouts.eval.run import EvalConfig, default_prepare_messages
 
     config = get_config()
     endpoint = model_config_from_args(args, config).to_endpoint()
     builtin = _builtin(args.dataset)
-    dataset: Any = builtin.rows if builtin is not None else load_dataset(args.dataset)
+    if builtin is None:
+        load_dataset(args.dataset)  # a missing file or an unknown format is an error now
     if args.prepare:
         prepare = load_callable(args.prepare, "--prepare")
     else:
@@ -238,21 +279,20 @@ def main(args: argparse.Namespace) -> int:
         factory = environment_factory(args.env or str(config.defaults.get("env") or "basic"), args.cwd)
     else:
         factory = builtin.environment_factory
-    if builtin is not None and args.max_turns is None:
-        args.max_turns = builtin.max_turns
+    max_turns = args.max_turns if args.max_turns is not None or builtin is None else builtin.max_turns
     stem = builtin.name if builtin is not None else Path(args.dataset).stem
     name = args.name or slug(f"{stem}-{endpoint.provider}-{endpoint.model}")
     dataset_ref = builtin.name if builtin is not None else str(Path(args.dataset).resolve())
     # Only what the user set is passed: the defaults (max_concurrent 8, 2 provider retries, ...)
     # are EvalConfig's. ([defaults] max_concurrent in rollouts.toml is the user's own setting.)
     given: dict[str, Any] = {
-        "max_turns": args.max_turns,
+        "max_turns": max_turns,
         "max_samples": args.max_samples,
         "max_concurrent": args.max_concurrent or config.defaults.get("max_concurrent"),
         "sample_timeout_s": args.sample_timeout,
         "provider_error_retries": args.provider_retries,
     }
-    eval_config = EvalConfig(
+    return EvalConfig(
         endpoint=endpoint,
         score_fn=score_fn,
         prepare_messages=prepare,
@@ -264,15 +304,9 @@ def main(args: argparse.Namespace) -> int:
         metadata={"dataset": dataset_ref, "model": f"{endpoint.provider}/{endpoint.model}"},
         **given_settings(given),
     )
-    # The default directory is named by the setting too, so a different setting never resumes
-    # (and never collides with) another's results.
-    output = (
-        Path(args.output).expanduser() if args.output else results_root(config) / f"{name}-{output_hash(eval_config)}"
-    )
-    eval_config = replace(eval_config, output_dir=output)
-    if output.exists() and not args.json:
-        print(f"{'starting over' if args.overwrite else 'resuming'} in {output}", file=sys.stderr)
-    report, interrupted = trio.run(_run, dataset, eval_config)
+
+
+def _exit_status(args: argparse.Namespace, report: Any, interrupted: bool) -> int:
     if report is None:
         return 130
     if args.json:

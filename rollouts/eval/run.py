@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -311,12 +311,31 @@ async def _feed(run: _Run, dataset: Dataset, run_cfg: EvalConfig, nursery: trio.
             run.record(run.previous.load(sid), reused=True)
 
 
-async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
+async def evaluate(
+    dataset: Dataset,
+    config: EvalConfig,
+    *,
+    workers: int | None = None,
+    worker_config: Callable[[], EvalConfig] | None = None,
+) -> EvalReport:
     """Evaluate every row of `dataset` (any iterable or async iterable of dicts, read lazily).
 
     Returns an EvalReport with samples in dataset order. See the module docstring for
-    concurrency, failure isolation, persistence and resume."""
+    concurrency, failure isolation, persistence and resume.
+
+    `workers=N` (N > 1) runs the samples in N worker processes on this machine, through an
+    embedded queue database, with the same output directory, resume and report (see
+    rollouts.service.eval_workers: callables must then be importable by reference, or built in each
+    worker by `worker_config`, a picklable zero-argument callable returning the EvalConfig).
+    None or 1: everything runs in this process."""
     started_at, t0 = now_iso(), time.perf_counter()
+    shipped: tuple[bytes, bool] | None = None  # the config as worker processes receive it
+    if workers is not None or worker_config is not None:
+        from rollouts.service.eval_workers import check_workers
+
+        n = workers if workers is not None else 1
+        checked = check_workers(config, n, worker_config)  # (also refuses workers < 1)
+        shipped = checked if n > 1 else None
     out, log, previous = _open(config)
     progress = ProgressBar(
         _dataset_len(dataset, config.max_samples),
@@ -331,7 +350,13 @@ async def evaluate(dataset: Dataset, config: EvalConfig) -> EvalReport:
     async def run_samples() -> None:
         async with trio.open_nursery() as nursery:
             try:
-                await _feed(run, dataset, run_cfg, nursery)
+                if shipped is None:
+                    await _feed(run, dataset, run_cfg, nursery)
+                else:
+                    from rollouts.service.eval_workers import run_with_workers
+
+                    assert workers is not None
+                    await run_with_workers(run, dataset, run_cfg, workers, *shipped)
             except Exception as e:  # the dataset itself is broken, or a resume mismatch: stop everything
                 run.fatal.append(e)
                 nursery.cancel_scope.cancel()

@@ -1,0 +1,581 @@
+"""evaluate(..., workers=N): samples run in N worker processes on this machine, coordinated
+through the service's queue on an embedded SQLite database; this (parent) process keeps
+everything else exactly as in-process: rows are read and admitted here, resume decisions
+(reuse, rescore) are made here, and every finished sample is recorded here (samples.jsonl,
+summary, progress bar, on_sample_end, report.json).
+
+    report = await evaluate(rows, config, workers=4)
+
+How it runs:
+* The queue lives in `<output_dir>/.workers/queue.sqlite` (a temporary directory without an
+  output_dir), with the workers' stderr logs next to it; the directory is deleted when
+  evaluate() returns or raises, and a stale one (a parent killed with SIGKILL) is deleted at
+  the start. samples.jsonl stays the one record of results: resume works as in-process.
+* Rows the parent decides to run are inserted as tasks of one batch (JSON rows, at most
+  `2 * max_concurrent` waiting or running at once, so a lazy dataset stays lazy). Each worker
+  (rollouts.service.eval_worker) claims tasks under a lease, runs `evaluate_sample` on them,
+  `ceil(max_concurrent / N)` at a time, and records each result idempotently
+  (rollouts.service.queue.finish). The parent takes finished results out of the queue
+  (DELETE ... RETURNING, so a late duplicate finish of a task finds nothing) and records them.
+* A worker process that dies (SIGKILL, a crash) is noticed by the parent at once (it waits on
+  the process): the tasks it held go back in the queue and a new worker takes its place. A task
+  whose worker died 3 times is recorded as failed, naming that. Leases (30 s, renewed by
+  heartbeats) cover a worker that hangs without dying.
+* Ctrl-C / cancellation: the workers are told to stop (their stdin is closed; they put their
+  tasks back and exit), results already finished are recorded, the rest reruns on resume.
+
+What crosses to the workers: the EvalConfig, pickled (through the worker's stdin: the API key
+in the endpoint never touches the disk), so its callables (score_fn, prepare_messages,
+environment_factory, run_config's handlers) must be importable by reference: module-level
+functions or classes (`module:qualname`), or instances of module-level classes. Lambdas,
+nested functions and functions of the `__main__` script are refused with an error naming the
+callable. Alternatively `worker_config` is a picklable zero-argument callable (e.g.
+`functools.partial(module_level_factory, args)`) that builds the EvalConfig in each worker; it
+must give the same fingerprint as the parent's config (the CLI's `--workers` uses this).
+Hooks: `on_sample_end` runs in the parent, as each sample is recorded; `on_sample_start` and
+`on_sample_event` happen inside a running sample, in a worker, and are refused with workers > 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import math
+import os
+import pickle
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from rollouts.errors import AuthenticationError, ConfigurationError
+from rollouts.eval.config import EvalConfig, Row
+from rollouts.eval.run_sample import rescore_sample
+from rollouts.eval.sample import Sample
+
+if TYPE_CHECKING:
+    from rollouts.service.store import Store
+
+__all__ = ["WORKERS_DIR", "WorkerPayload", "check_workers", "run_with_workers"]
+
+WORKERS_DIR = ".workers"  # inside output_dir: the queue database and the workers' logs
+QUEUE_FILE = "queue.sqlite"
+ERROR_PREFIX = "rollouts worker error: "  # the last stderr line of a worker that could not start
+CONFIG_ERROR_EXIT = 3  # a worker could not build its config: restarting it would not help
+MAX_ATTEMPTS = 3  # a task whose worker died this many times is recorded as failed
+_BATCH = "eval"
+_WORKSPACE = "eval"
+_FAR_S = 10 * 365 * 86400.0  # the batch has no deadline (sample_timeout_s bounds each sample)
+_STOP_GRACE_S = 10.0  # how long a stopping worker may take to put its tasks back
+
+
+@dataclass(frozen=True)
+class WorkerPayload:
+    """What a worker process receives on stdin (pickled, behind an 8-byte length)."""
+
+    sys_path: tuple[str, ...]
+    db_path: str
+    worker_id: str
+    concurrency: int
+    lease_s: float
+    config: bytes  # pickled EvalConfig, or pickled zero-argument callable building it
+    is_factory: bool
+    fingerprint: dict[str, Any]
+
+
+# --------------------------------------------------------------------------------------------
+# What may cross to the workers
+# --------------------------------------------------------------------------------------------
+
+_CALLABLE_FIELDS = ("score_fn", "prepare_messages", "environment_factory")
+
+
+def _fix(field_name: str) -> str:
+    return (
+        f"with workers > 1, EvalConfig.{field_name} must be importable by reference: define it at module level "
+        "in a module (not in the __main__ script, not a lambda or nested function), or pass "
+        "worker_config=functools.partial(module_level_factory, ...) that builds the EvalConfig in each worker, "
+        "or use workers=1"
+    )
+
+
+def _reference_problem(obj: Any) -> str | None:
+    """Why `obj` cannot be pickled by reference into another process (None: it can)."""
+    if isinstance(obj, functools.partial):
+        return _reference_problem(obj.func) or next(
+            (p for p in (_reference_problem(a) for a in obj.args if callable(a)) if p), None
+        )
+    target = obj if inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismethod(obj) else type(obj)
+    target = getattr(target, "__func__", target)
+    module = getattr(target, "__module__", None)
+    qualname = getattr(target, "__qualname__", "")
+    name = f"{module}:{qualname}"
+    if "<lambda>" in qualname:
+        return f"{name} is a lambda"
+    if "<locals>" in qualname:
+        return f"{name} is defined inside a function"
+    if module == "__main__":
+        return f"{name} is defined in the __main__ script, which worker processes do not import"
+    try:
+        pickle.dumps(obj)
+    except Exception as e:
+        return f"{name} cannot be pickled ({type(e).__name__}: {e})"
+    return None
+
+
+def _picklable_config(config: EvalConfig) -> EvalConfig:
+    """`config` as a worker runs it: no hooks (on_sample_end runs in the parent), no output,
+    no progress bar, no limiters (each worker makes its own)."""
+    rc = config.run_config
+    if rc is not None:
+        rc = replace(rc, model_limiter=None, tool_limiter=None, cancel_scope=None)
+    return replace(
+        config,
+        run_config=rc,
+        on_sample_start=None,
+        on_sample_event=None,
+        on_sample_end=None,
+        output_dir=None,
+        show_progress=False,
+        keep_samples=False,
+        rescore=False,
+        overwrite=False,
+    )
+
+
+def check_workers(
+    config: EvalConfig, workers: int, worker_config: Callable[[], EvalConfig] | None
+) -> tuple[bytes, bool]:
+    """The pickled config (or config factory) the workers receive; ConfigurationError naming
+    the callable and the fix when something cannot cross to another process."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ConfigurationError(f"evaluate: workers must be an integer >= 1, got {workers!r}")
+    for hook in ("on_sample_start", "on_sample_event"):
+        if getattr(config, hook) is not None:
+            raise ConfigurationError(
+                f"EvalConfig.{hook} runs inside a sample, which with workers > 1 runs in another process: "
+                f"use workers=1 to keep {hook}, or on_sample_end (it runs in this process with workers > 1)"
+            )
+    if worker_config is not None:
+        problem = _reference_problem(worker_config)
+        if problem is not None:
+            raise ConfigurationError(
+                f"evaluate(worker_config=...): {problem}; it must be a module-level function (or a "
+                "functools.partial of one with picklable arguments) that returns the EvalConfig"
+            )
+        return pickle.dumps(worker_config), True
+    for name in _CALLABLE_FIELDS:
+        value = getattr(config, name)
+        if value is None:
+            continue
+        problem = _reference_problem(value)
+        if problem is not None:
+            raise ConfigurationError(f"EvalConfig.{name}: {problem}; {_fix(name)}")
+    try:
+        return pickle.dumps(_picklable_config(config)), False
+    except Exception as e:
+        raise ConfigurationError(
+            f"EvalConfig cannot be sent to worker processes ({type(e).__name__}: {e}); "
+            f"{_fix('run_config (its handlers)')}"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# The queue (SQL on the service schema: one workspace, agent and batch)
+# --------------------------------------------------------------------------------------------
+
+
+def _create_batch(tx: Any, max_turns: int) -> None:
+    now = tx.dialect.now
+    tx.execute(f"INSERT INTO workspaces (id, name, created_at) VALUES (?, ?, {now})", (_WORKSPACE, _WORKSPACE))
+    tx.execute(
+        f"INSERT INTO agents (id, workspace_id, name, created_at) VALUES (?, ?, ?, {now})",
+        (_BATCH, _WORKSPACE, _BATCH),
+    )
+    tx.execute(
+        f"INSERT INTO agent_versions (agent_id, version, endpoint, max_turns, created_at) VALUES (?, 1, '{{}}', ?, {now})",
+        (_BATCH, max_turns),
+    )
+    tx.execute(
+        "INSERT INTO batches (id, workspace_id, agent_id, agent_version, system_prompt, config, task_count, "
+        f"parallelism, timeout_per_task_ms, deadline_at, created_at) "
+        f"VALUES (?, ?, ?, 1, '', '{{}}', 0, ?, ?, {now} + ?, {now})",
+        (_BATCH, _WORKSPACE, _BATCH, 2**31 - 1, int(_FAR_S * 1000), _FAR_S),
+    )
+
+
+def _enqueue(tx: Any, tasks: list[tuple[str, int, str]]) -> None:
+    tx.many(
+        f"INSERT INTO tasks (batch_id, task_id, seq, input, status, queued_at) "
+        f"VALUES ('{_BATCH}', ?, ?, ?, 'queued', {tx.dialect.now})",
+        tasks,
+    )
+
+
+def _take_finished(tx: Any) -> list[tuple[str, str, str, str | None, str | None]]:
+    """Finished tasks, removed from the queue: (task_id, status, input, result, error)."""
+    rows = tx.execute(
+        "DELETE FROM tasks WHERE batch_id = ? AND status IN ('completed', 'failed', 'timeout') "
+        "RETURNING task_id, status, input, result, error",
+        (_BATCH,),
+    )
+    return [(str(t), str(s), str(i), r, e) for t, s, i, r, e in rows]
+
+
+def _requeue_dead(tx: Any, worker_id: str, how: str) -> None:
+    """Put the tasks of a worker process that died back in the queue (failed after MAX_ATTEMPTS)."""
+    tx.execute(
+        f"UPDATE tasks SET status = 'failed', error = 'the worker process running it died ' || attempts || "
+        f"' times (last: {how})', finished_at = {tx.dialect.now}, lease_owner = NULL, lease_expires_at = NULL "
+        "WHERE lease_owner = ? AND status = 'running' AND attempts >= ?",
+        (worker_id, MAX_ATTEMPTS),
+    )
+    tx.execute(
+        "UPDATE tasks SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL "
+        "WHERE lease_owner = ? AND status = 'running'",
+        (worker_id,),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Worker processes
+# --------------------------------------------------------------------------------------------
+
+
+def _how_it_ended(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _log_tail(path: Path, limit: int = 2000) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return text[-limit:].strip()
+
+
+@dataclass
+class _Pool:
+    """The worker processes: started, watched (a dead one is replaced), stopped."""
+
+    directory: Path
+    store: Store
+    payload: WorkerPayload
+    workers: int
+    fatal: Callable[[BaseException], None]
+    procs: dict[int, trio.Process] = field(default_factory=dict)
+    ready: dict[int, trio.Process] = field(default_factory=dict)  # payload sent: may be woken
+    results: trio.Event = field(default_factory=trio.Event)  # a worker recorded a result
+    stopping: bool = False
+    restarts: int = 0
+    generations: dict[int, int] = field(default_factory=dict)
+
+    def wake(self) -> None:
+        """Tell the workers that tasks arrived (a byte on their stdin: SQLite has no NOTIFY)."""
+        for proc in list(self.ready.values()):
+            assert proc.stdin is not None
+            try:
+                # (synchronous on the non-blocking pipe, which the worker keeps reading)
+                os.write(proc.stdin.fileno(), b".")  # type: ignore[attr-defined]
+            except (BlockingIOError, BrokenPipeError, OSError, ValueError):
+                pass  # full (it has wake-ups pending anyway), or it died: watch() sees it
+
+    async def _signals(self, proc: trio.Process) -> None:
+        """Each byte a worker writes on stdout means "results recorded": wake the collector."""
+        assert proc.stdout is not None
+        while await proc.stdout.receive_some(4096):
+            self.results.set()
+
+    async def _start(self, slot: int, nursery: trio.Nursery) -> tuple[trio.Process, str, Path]:
+        gen = self.generations.get(slot, 0)
+        self.generations[slot] = gen + 1
+        worker_id = f"eval-{os.getpid()}-{slot}-{gen}"
+        log = self.directory / f"worker-{slot}.log"
+        with log.open("ab") as stderr:
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "rollouts.service.eval_worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+            )
+        self.procs[slot] = proc
+        self.ready.pop(slot, None)
+        nursery.start_soon(self._signals, proc)
+        data = pickle.dumps(replace(self.payload, worker_id=worker_id))
+        assert proc.stdin is not None
+        try:
+            await proc.stdin.send_all(struct.pack(">Q", len(data)) + data)
+        except trio.BrokenResourceError:
+            pass  # it died at once: watch() sees it
+        self.ready[slot] = proc
+        return proc, worker_id, log
+
+    async def watch(
+        self, slot: int, nursery: trio.Nursery, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run a worker in `slot`, replacing it each time it dies (bounded), until stopped."""
+        proc, worker_id, log = await self._start(slot, nursery)
+        task_status.started()
+        while True:
+            code = await proc.wait()
+            if self.stopping:
+                return
+            how = _how_it_ended(code)
+            if code == CONFIG_ERROR_EXIT:
+                tail = _log_tail(log)
+                said = [line for line in tail.splitlines() if line.startswith(ERROR_PREFIX)]
+                reason = said[-1][len(ERROR_PREFIX) :] if said else tail
+                self.fatal(ConfigurationError(f"a worker process could not build its EvalConfig: {reason}"))
+                return
+            await self.store.call(_requeue_dead, worker_id, how)
+            self.restarts += 1
+            if self.restarts > 3 * self.workers:
+                self.fatal(
+                    RuntimeError(
+                        f"evaluate(workers={self.workers}): worker processes keep dying ({self.restarts} times, last: "
+                        f"{how}); the last one's stderr ({log}): {_log_tail(log)}"
+                    )
+                )
+                return
+            proc, worker_id, log = await self._start(slot, nursery)
+            self.wake()  # the dead one's tasks are queued again
+
+    async def stop(self) -> None:
+        """Tell every worker to stop (close its stdin), wait for it (bounded), then kill it.
+        Shielded: runs to the end even when the evaluation is cancelled."""
+        self.stopping = True
+        self.ready.clear()
+        with trio.CancelScope(shield=True):
+            for proc in self.procs.values():
+                if proc.stdin is not None:
+                    with trio.move_on_after(1):
+                        await proc.stdin.aclose()
+            for proc in self.procs.values():
+                with trio.move_on_after(_STOP_GRACE_S):
+                    await proc.wait()
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+
+
+# --------------------------------------------------------------------------------------------
+# The parent's loop
+# --------------------------------------------------------------------------------------------
+
+
+def _queue_dir(config: EvalConfig) -> Path:
+    """The directory for the queue and logs (a stale one removed)."""
+    if config.output_dir is None:
+        return Path(tempfile.mkdtemp(prefix="rollouts-eval-workers-"))
+    directory = Path(config.output_dir) / WORKERS_DIR
+    if directory.exists():
+        shutil.rmtree(directory)  # left by a parent that was killed: samples.jsonl says what is done
+    directory.mkdir(parents=True)
+    return directory
+
+
+def _row_json(row: Row, sid: str) -> str:
+    try:
+        return json.dumps(dict(row), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(
+            f"row {sid!r}: with workers > 1 rows go to the worker processes as JSON, and this one is not "
+            f"JSON ({e}); convert its values to JSON types, or use workers=1"
+        ) from None
+
+
+def _sample_of(run: Any, task_id: str, status: str, input_text: str, result: str | None, error: str | None) -> Sample:
+    if status == "completed" and result:
+        data = json.loads(result)
+        if "auth_error" in data:
+            raise AuthenticationError(data["auth_error"])
+        return Sample.from_dict(data["sample"])
+    return Sample(
+        id=task_id,
+        input=json.loads(input_text),
+        status="failed",
+        error=error or f"the task ended {status} in the worker queue",
+        fingerprint=run.config.fingerprint.to_dict(),
+    )
+
+
+async def run_with_workers(
+    run: Any, dataset: Any, run_cfg: EvalConfig, workers: int, config_bytes: bytes, is_factory: bool
+) -> None:
+    """Feed `dataset` to `workers` worker processes and record what they finish in `run` (the
+    in-process path's `_Run`, from rollouts.eval.run); returns when every row is recorded."""
+    from rollouts.eval.run_sample import _finish
+    from rollouts.service.store import Store
+
+    config: EvalConfig = run.config
+    directory = _queue_dir(config)
+    store: Store | None = None
+    fatal: list[BaseException] = []
+    try:
+        store = await Store.open(str(directory / QUEUE_FILE), max_connections=4)
+        await store.call(_create_batch, config.effective_max_turns)
+        payload = WorkerPayload(
+            sys_path=tuple(sys.path),
+            db_path=str(directory / QUEUE_FILE),
+            worker_id="",
+            concurrency=max(1, math.ceil(config.max_concurrent / workers)),
+            lease_s=30.0,
+            config=config_bytes,
+            is_factory=is_factory,
+            fingerprint=config.fingerprint.to_dict(),
+        )
+        async with trio.open_nursery() as nursery:
+
+            def stop_all(e: BaseException) -> None:
+                fatal.append(e)
+                nursery.cancel_scope.cancel()
+
+            pool = _Pool(directory, store, payload, workers, stop_all)
+            try:
+                for slot in range(workers):
+                    await nursery.start(pool.watch, slot, nursery)
+                await _feed_and_collect(run, dataset, run_cfg, store, _finish, pool)
+            except Exception as e:  # (raised here, not through the nursery: no exception group)
+                fatal.append(e)
+            finally:
+                await pool.stop()
+                nursery.cancel_scope.cancel()
+        if fatal:
+            raise fatal[0]
+    finally:
+        if store is not None:
+            store.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def _feed_and_collect(
+    run: Any, dataset: Any, run_cfg: EvalConfig, store: Store, finish: Any, pool: _Pool
+) -> None:
+    from rollouts.eval.run import _END, _prepared_hash, _Rows
+
+    config: EvalConfig = run.config
+    slots = trio.CapacityLimiter(2 * config.max_concurrent)
+    tokens: dict[str, object] = {}  # rows in the queue, by sample id
+    send, receive = trio.open_memory_channel[tuple[str, int, str]](config.max_concurrent)
+    fed = trio.Event()
+    seq = 0
+
+    async def record(sample: Sample) -> None:
+        sample = await finish(config, sample)  # on_sample_end, in this process
+        run.record(sample)
+        token = tokens.pop(sample.id, None)
+        if token is not None:
+            slots.release_on_behalf_of(token)
+
+    async def rescore_one(sample: Sample, token: object) -> None:
+        try:
+            done = await rescore_sample(sample, replace(run_cfg, on_sample_end=None))
+        finally:
+            slots.release_on_behalf_of(token)
+        run.record(await finish(config, done))
+
+    async def feed(nursery: trio.Nursery) -> None:
+        nonlocal seq
+        async with send:
+            rows = _Rows(dataset)
+            index = 0
+            while config.max_samples is None or index < config.max_samples:
+                token = object()
+                await slots.acquire_on_behalf_of(token)
+                try:
+                    row = await rows.next()
+                    if row is _END:
+                        slots.release_on_behalf_of(token)
+                        break
+                    sid = run.admit(row, index)
+                    index += 1
+                    decision = "run"
+                    if run.previous is not None and run.previous.needs_messages(sid, row):
+                        decision = run.previous.decide(sid, row, await _prepared_hash(config, row))
+                except BaseException:
+                    slots.release_on_behalf_of(token)
+                    raise
+                if decision == "run":
+                    tokens[sid] = token
+                    await send.send((sid, seq, _row_json(row, sid)))
+                    seq += 1
+                elif decision == "rescore":
+                    run.rescored += 1
+                    nursery.start_soon(rescore_one, run.previous.load(sid), token)
+                else:
+                    slots.release_on_behalf_of(token)
+                    run.reused += 1
+                    run.record(run.previous.load(sid), reused=True)
+        fed.set()
+        pool.results.set()  # (the collector re-checks whether anything is left)
+
+    async def insert() -> None:
+        async with receive:
+            async for first in receive:
+                batch = [first]
+                while len(batch) < 256:
+                    try:
+                        batch.append(receive.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                await store.call(_enqueue, batch)
+                pool.wake()
+
+    async def collect() -> None:
+        while not (fed.is_set() and not tokens):
+            pool.results = signal = trio.Event()  # (before the query: no signal is missed)
+            finished = await store.call(_take_finished)
+            for task_id, status, input_text, result, error in finished:
+                if task_id in tokens:  # (always: a task is taken out of the queue once)
+                    await record(_sample_of(run, task_id, status, input_text, result, error))
+            if not finished:
+                # a worker signals each result it records; the timeout covers tasks the
+                # queue itself finishes (a worker lost MAX_ATTEMPTS times)
+                with trio.move_on_after(1.0):
+                    await signal.wait()
+
+    errors: list[Exception] = []
+
+    async def guarded(nursery: trio.Nursery, part: Any, *args: Any) -> None:
+        """`part`, its error ending the others and raised once, after the nursery (so an
+        AuthenticationError or a bad row comes out as itself, not in an exception group)."""
+        try:
+            await part(*args)
+        except Exception as e:
+            errors.append(e)
+            nursery.cancel_scope.cancel()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(guarded, nursery, insert)
+            nursery.start_soon(guarded, nursery, collect)
+            await guarded(nursery, feed, nursery)
+        if errors:
+            raise errors[0]
+    finally:
+        if tokens:  # cancelled or failed: keep what the workers finished before they stopped
+            await pool.stop()
+            with trio.CancelScope(shield=True) as drain:
+                drain.deadline = trio.current_time() + _STOP_GRACE_S
+                for task_id, status, input_text, result, error in await store.call(_take_finished):
+                    if task_id not in tokens or status != "completed":
+                        continue
+                    try:
+                        sample = _sample_of(run, task_id, status, input_text, result, error)
+                    except AuthenticationError:
+                        continue
+                    await record(sample)
