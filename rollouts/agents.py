@@ -38,14 +38,23 @@ class _Tracker:
         self.aborted: tuple[AgentState, Message | None] | None = None
 
 
-async def rollout(actor: Actor, on_chunk: OnChunk) -> Actor:
+async def rollout(actor: Actor, on_chunk: OnChunk, *, use_tito: bool = False) -> Actor:
     """One model call: route to the provider for `actor.endpoint` and return the actor with the
-    new assistant message appended."""
-    fn = get_provider_function(actor.endpoint.provider, actor.endpoint.model)
+    new assistant message appended. With `use_tito` the provider's token-exact variant is used
+    (`rollouts.providers.tito`) and the new Completion carries the call's TokenRecord."""
+    if use_tito:
+        from rollouts.providers.tito import get_token_provider_function
+
+        fn = get_token_provider_function(actor.endpoint.provider)
+    else:
+        fn = get_provider_function(actor.endpoint.provider, actor.endpoint.model)
     new_actor = await fn(actor, on_chunk)
     n = len(actor.trajectory.messages)
     assert len(new_actor.trajectory.messages) == n + 1, "a provider must append exactly one message"
     assert new_actor.trajectory.messages[-1].role == "assistant", "a provider must append an assistant message"
+    if use_tito:
+        last = new_actor.trajectory.completions[-1] if new_actor.trajectory.completions else None
+        assert last is not None and last.tokens is not None, "a token-exact provider must record Completion.tokens"
     return new_actor
 
 
@@ -200,9 +209,9 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
     try:
         if rc.model_limiter is not None:
             async with rc.model_limiter:
-                new_actor = await rollout(actor, on_chunk)
+                new_actor = await rollout(actor, on_chunk, use_tito=rc.use_tito)
         else:
-            new_actor = await rollout(actor, on_chunk)
+            new_actor = await rollout(actor, on_chunk, use_tito=rc.use_tito)
     except AuthenticationError:
         raise
     except ProviderError as e:
