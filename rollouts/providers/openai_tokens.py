@@ -1,0 +1,287 @@
+"""Token-exact rollouts through llama.cpp's server (providers `local` and `llamacpp` with
+`RunConfig.use_tito`).
+
+The chat endpoint takes text, so it cannot be token-exact. This path uses the server's native
+endpoints instead:
+
+* `GET /props` gives the model's chat template (rendered here with a sandboxed jinja2, as
+  transformers renders templates), `POST /tokenize` (special tokens parsed, no BOS added) and
+  `POST /detokenize` turn text into ids and back, so prompts are built with
+  `rollouts.providers.tito.next_prompt_ids`: the first call renders the conversation, later
+  calls extend the previous call's prompt and completion ids;
+* `POST /completion` with the prompt as a list of token ids, streamed, with `return_tokens` and
+  `n_probs: 1`: every chunk carries the sampled ids and each one's log-prob. The samplers are set
+  neutral (`top_k 0, top_p 1, min_p 0`, no penalties) so the distribution sampled from is the
+  model's softmax at `temperature`; llama.cpp reports log-probs of the untempered softmax, which
+  equal the sampler's at temperature 1 (use 1.0 for training).
+
+Text deltas stream through the OpenAI chat translator (tool calls written as JSON become tool
+calls), so events and the Message match the chat path. vLLM and SGLang serve the same idea
+through their own parameters (vLLM: `/v1/completions` with a token-id `prompt`, `logprobs: 0`
+and `return_tokens_as_token_ids`; SGLang: `/generate` with `input_ids` and `return_logprob`);
+they are not wired here yet.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx2
+import trio
+
+from rollouts.dtypes import Actor, Completion, Endpoint, TokenRecord
+from rollouts.errors import ConfigurationError, ProviderError
+from rollouts.events import LLMCallStart, OnChunk, StreamEvent, StreamStart
+from rollouts.providers._aggregate import MessageBuilder, append_assistant
+from rollouts.providers._chat_format import ChatStreamTranslator
+from rollouts.providers._retry import Failure, HTTPStatusFailure, classify_common, stream_with_retries
+from rollouts.providers.openai_http import http_client, iter_sse_json
+from rollouts.providers.tito import call_seed, next_prompt_ids
+
+_MAX_ERROR_BODY = 64 * 1024
+
+
+def server_root(api_base: str) -> str:
+    """`http://host:port` from an OpenAI-style base URL (`.../v1` dropped)."""
+    root = api_base.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+async def _post_json(endpoint: Endpoint, url: str, body: Mapping[str, Any]) -> Any:
+    async with http_client(endpoint) as client:
+        response = await client.post(
+            url, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
+        )
+    if response.status_code >= 400:
+        raise HTTPStatusFailure(response.status_code, dict(response.headers), response.text[:_MAX_ERROR_BODY])
+    return response.json()
+
+
+@dataclass
+class _Template:
+    source: str
+    bos_token: str
+    eos_token: str
+    compiled: Any
+
+
+_TEMPLATES: dict[str, _Template] = {}
+
+
+def _compile(source: str) -> Any:
+    try:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise ConfigurationError(
+            "token-exact rollouts through llama.cpp render the chat template with jinja2: pip install 'rollouts[train]'"
+        ) from None
+
+    def raise_exception(message: str) -> None:
+        raise ConfigurationError(f"the chat template refused the conversation: {message}")
+
+    def tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+        return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: time.strftime(fmt)
+    return env.from_string(source)
+
+
+class LlamaCppChatTokenizer:
+    """A `tito.ChatTokenizer` backed by a llama.cpp server (template from `/props`)."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.root = server_root(endpoint.api_base)
+
+    async def _template(self) -> _Template:
+        found = _TEMPLATES.get(self.root)
+        if found is None:
+            async with http_client(self.endpoint) as client:
+                response = await client.get(self.root + "/props")
+            if response.status_code >= 400:
+                raise HTTPStatusFailure(response.status_code, dict(response.headers), response.text[:_MAX_ERROR_BODY])
+            props = response.json()
+            source = props.get("chat_template") or ""
+            if not source:
+                raise ConfigurationError(f"the server at {self.root} reports no chat template (/props)")
+            found = _Template(source, props.get("bos_token", ""), props.get("eos_token", ""), _compile(source))
+            _TEMPLATES[self.root] = found
+        return found
+
+    async def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None,
+        generation_prompt: bool,
+    ) -> str:
+        t = await self._template()
+        return str(
+            t.compiled.render(
+                messages=list(messages),
+                tools=list(tools) if tools else None,
+                add_generation_prompt=generation_prompt,
+                bos_token=t.bos_token,
+                eos_token=t.eos_token,
+            )
+        )
+
+    async def encode(self, text: str) -> list[int]:
+        if not text:
+            return []
+        body = {"content": text, "add_special": False, "parse_special": True}
+        answer = await _post_json(self.endpoint, self.root + "/tokenize", body)
+        return [int(t) for t in answer["tokens"]]
+
+    async def decode(self, ids: Sequence[int]) -> str:
+        if not ids:
+            return ""
+        answer = await _post_json(self.endpoint, self.root + "/detokenize", {"tokens": list(ids)})
+        return str(answer["content"])
+
+
+@asynccontextmanager
+async def _open_completion(endpoint: Endpoint, body: dict[str, Any]) -> AsyncIterator[AsyncIterator[Any]]:
+    url = server_root(endpoint.api_base) + "/completion"
+    async with http_client(endpoint) as client:
+        request = client.build_request(
+            "POST", url, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
+        )
+        response = await client.send(request, stream=True)
+        try:
+            if response.status_code >= 400:
+                raw = b""
+                async for part in response.aiter_bytes():
+                    raw += part
+                    if len(raw) > _MAX_ERROR_BODY:
+                        break
+                raise HTTPStatusFailure(response.status_code, dict(response.headers), raw.decode("utf-8", "replace"))
+            async with aclosing(iter_sse_json(response)) as events:
+                yield events
+        finally:
+            with trio.CancelScope(shield=True):
+                await response.aclose()
+
+
+def completion_request(prompt_ids: Sequence[int], endpoint: Endpoint, seed: int | None) -> dict[str, Any]:
+    """The `/completion` body: token-id prompt, neutral samplers, token ids and log-probs back."""
+    body: dict[str, Any] = {
+        "prompt": list(prompt_ids),
+        "n_predict": endpoint.max_tokens,
+        "temperature": 1.0 if endpoint.temperature is None else endpoint.temperature,
+        "top_k": 0,
+        "top_p": 1.0,
+        "min_p": 0.0,
+        "repeat_penalty": 1.0,
+        "stream": True,
+        "return_tokens": True,
+        "n_probs": 1,
+        "post_sampling_probs": False,
+        "cache_prompt": True,
+    }
+    if seed is not None:
+        body["seed"] = seed % (1 << 32)
+    return body
+
+
+async def stream_llamacpp_tokens(actor: Actor, on_chunk: OnChunk) -> Actor:
+    """Token-exact streaming from a llama.cpp server at `Endpoint.api_base`."""
+    ep = actor.endpoint
+    if not ep.api_base:
+        raise ConfigurationError(f"provider {ep.provider!r} needs Endpoint.api_base (e.g. 'http://localhost:8080/v1')")
+    started = time.perf_counter()
+    await on_chunk(LLMCallStart(provider=ep.provider, model=ep.model))
+    tokenizer = LlamaCppChatTokenizer(ep)
+    try:
+        prompt_ids = await next_prompt_ids(tokenizer, actor.trajectory, actor.tools)
+    except (HTTPStatusFailure, httpx2.TransportError) as e:
+        failure = classify_common(e, ep.provider)
+        assert failure is not None
+        raise failure.error from e
+    params = dict(ep.extra_params or {})
+    body = completion_request(prompt_ids, ep, call_seed(actor.trajectory, params.get("seed")))
+    names = frozenset(t.name for t in actor.tools) or None
+    builder = MessageBuilder(ep.provider, ep.model)
+    record: dict[str, Any] = {}
+    first_at: float | None = None
+
+    async def emit(event: StreamEvent) -> None:
+        builder.feed(event)
+        await on_chunk(event)
+
+    async def attempt(emit: OnChunk, n: int) -> str | None:
+        nonlocal first_at
+        ids: list[int] = []
+        logprobs: list[float] = []
+        async with _open_completion(ep, body) as chunks:
+            await emit(StreamStart(attempt=n))
+            translator = ChatStreamTranslator(emit, text_tool_names=names, text_tool_limit=1)
+            stop_type = None
+            async for chunk in chunks:
+                if first_at is None:
+                    first_at = time.perf_counter()
+                tokens = chunk.get("tokens") or []
+                probs = chunk.get("completion_probabilities") or []
+                if len(probs) != len(tokens):
+                    raise ProviderError(
+                        f"{ep.provider}: the server sent {len(tokens)} tokens with {len(probs)} log-probs; it must "
+                        "support return_tokens and n_probs (a llama.cpp server from 2025 or later)",
+                        retryable=False,
+                    )
+                for token, p in zip(tokens, probs, strict=True):
+                    if int(p["id"]) != int(token):
+                        raise ProviderError(f"{ep.provider}: log-prob entry for token {p['id']} beside token {token}")
+                    ids.append(int(token))
+                    logprobs.append(float(p["logprob"]))
+                if chunk.get("content"):
+                    await translator.feed({"choices": [{"delta": {"content": chunk["content"]}}]})
+                if chunk.get("stop"):
+                    stop_type = chunk.get("stop_type") or "eos"
+                    break
+            if stop_type is None:
+                raise ProviderError(f"{ep.provider}: the stream ended before the model finished", retryable=True)
+            finish = "length" if stop_type == "limit" else "stop"
+            usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids)}
+            await translator.feed({"choices": [{"delta": {}, "finish_reason": finish}], "usage": usage})
+            reason, _ = await translator.finish()
+            record["ids"], record["logprobs"] = ids, logprobs
+            return reason
+
+    def classify(exc: Exception) -> Failure | None:
+        return classify_common(exc, ep.provider)
+
+    finish_reason, attempts = await stream_with_retries(attempt, endpoint=ep, on_chunk=emit, classify=classify)
+    completion = Completion(
+        provider=ep.provider,
+        model=ep.model,
+        finish_reason=finish_reason,
+        message_index=len(actor.trajectory.messages),
+        duration_s=time.perf_counter() - started,
+        time_to_first_token_s=(first_at - started) if first_at is not None else None,
+        attempts=attempts,
+        tokens=TokenRecord(tuple(prompt_ids), tuple(record["ids"]), tuple(record["logprobs"])),
+    )
+    return append_assistant(actor, builder.finish(), completion)
+
+
+async def stream_local_tokens(actor: Actor, on_chunk: OnChunk) -> Actor:
+    """Token-exact streaming from the embedded model (provider `local`)."""
+    from rollouts.local_model import ensure_local_server, resolve_local_model
+
+    ep = actor.endpoint
+    if ep.api_base:
+        raise ConfigurationError(
+            f"provider 'local' runs the embedded model and takes no api_base (got {ep.api_base!r})"
+        )
+    server = await ensure_local_server(resolve_local_model(ep.model))
+    served = replace(actor, endpoint=replace(ep, api_base=server.api_base, api_key=""))
+    new_actor = await stream_llamacpp_tokens(served, on_chunk)
+    return replace(new_actor, endpoint=ep)
