@@ -1,8 +1,9 @@
 """GRPO on SmolLM2-135M-Instruct (CPU): held-out reward before and after, our loop against trl.
 
-Task: "What is a + b? Reply with only the number." (a, b < 50); reward 1.0 when the reply,
-stripped of spaces and a final period, is exactly the sum, else 0.0. Training prompts and a
-disjoint held-out set are drawn from one seeded generator. The held-out reward is measured with
+Task: "What is a + b? Reply with only the number." (a, b < 10: 100 pairs, 32 held out, the rest
+for training); reward 1.0 when the reply, stripped of spaces and a final period, is exactly the
+sum, 0.2 when the sum appears in a longer reply, else 0.0. Rollouts sample at temperature 0.7
+(ours and trl alike): at 1.0 SmolLM2-135M rambles and no rollout earns a reward to learn from. The held-out reward is measured with
 greedy decoding (temperature 0) through `evaluate()` before and after training.
 
 1. ours: `grpo_train` with the in-process policy (the `transformers` provider, batched sampling)
@@ -28,6 +29,7 @@ import copy
 import json
 import os
 import random
+import re
 import resource
 import sys
 import tempfile
@@ -38,7 +40,7 @@ from typing import Any
 import torch
 import trio
 
-from rollouts.dtypes import Endpoint, Message
+from rollouts.dtypes import Endpoint, Message, Trajectory
 from rollouts.environments.calculator import CalculatorEnvironment
 from rollouts.eval.config import EvalConfig
 from rollouts.eval.run import evaluate
@@ -52,22 +54,27 @@ QUESTION = "What is {a} + {b}? Reply with only the number."
 MULTI = "Use the calculator tools: start from 0, add {a}, then add {b}, then call complete_task with the result."
 
 
-def arithmetic_rows(n: int, seed: int, exclude: set[tuple[int, int]] = frozenset()) -> list[dict[str, Any]]:  # type: ignore[assignment]
-    rng = random.Random(seed)
-    rows: list[dict[str, Any]] = []
-    seen = set(exclude)
-    while len(rows) < n:
-        a, b = rng.randrange(50), rng.randrange(50)
-        if (a, b) in seen:
-            continue
-        seen.add((a, b))
-        rows.append({"a": a, "b": b, "answer": str(a + b)})
-    return rows
+def arithmetic_split(max_operand: int, heldout: int, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training rows, held-out rows): every pair a, b < max_operand, shuffled, the first
+    `heldout` held out."""
+    pairs = [(a, b) for a in range(max_operand) for b in range(max_operand)]
+    random.Random(seed).shuffle(pairs)
+    rows = [{"a": a, "b": b, "answer": str(a + b)} for a, b in pairs]
+    return rows[heldout:], rows[:heldout]
 
 
 def exact_sum(sample: Sample) -> Score:
+    """1.0 when the reply is exactly the sum (a final period allowed), 0.2 when the sum appears
+    in a longer reply (a signal for replies like "3 + 4 = 7"), else 0.0."""
     reply = sample.response.strip().rstrip(".").strip()
-    return Score((Metric("exact", 1.0 if reply == sample.input["answer"] else 0.0, weight=1.0),))
+    answer = sample.input["answer"]
+    if reply == answer:
+        value = 1.0
+    elif answer in re.findall(r"\d+", reply):
+        value = 0.2
+    else:
+        value = 0.0
+    return Score((Metric("sum", value, weight=1.0),))
 
 
 def _prepare(template: str) -> Any:
@@ -136,7 +143,7 @@ async def run_ours(
         batch_size=args.prompts_per_step,
         n_samples_per_prompt=args.group,
         max_tokens=args.max_tokens,
-        temperature=1.0,
+        temperature=args.temperature,
         lr=args.lr,
         checkpoint_every=10_000,
         seed=args.seed,
@@ -182,7 +189,7 @@ def run_trl(
         out = []
         for c, a in zip(completions, answer, strict=True):
             text = c[0]["content"] if isinstance(c, list) else str(c)
-            out.append(1.0 if text.strip().rstrip(".").strip() == a else 0.0)
+            out.append(exact_sum(Sample("trl", {"answer": a}, Trajectory((Message("assistant", text),)))).reward)
         return out
 
     class StepTimer(TrainerCallback):  # type: ignore[misc]
@@ -211,7 +218,7 @@ def run_trl(
         adam_beta2=0.999,
         max_grad_norm=1.0,
         max_steps=args.steps,
-        temperature=1.0,
+        temperature=args.temperature,
         top_p=1.0,
         beta=0.0,
         logging_steps=1,
@@ -232,15 +239,14 @@ def run_trl(
 
 
 async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    rows = arithmetic_rows(64, seed=args.seed + 2)
-    heldout = arithmetic_rows(args.heldout_multiturn, seed=args.seed + 3, exclude={(r["a"], r["b"]) for r in rows})
+    rows, heldout = arithmetic_split(args.max_operand, args.heldout_multiturn, seed=args.seed + 1)
     config = GRPOConfig(
         output_dir=out,
         num_steps=args.multiturn_steps,
         batch_size=args.prompts_per_step,
         n_samples_per_prompt=args.group,
         max_tokens=48,
-        temperature=1.0,
+        temperature=args.temperature,
         max_turns=4,
         lr=args.lr,
         checkpoint_every=10_000,
@@ -285,7 +291,11 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--heldout", type=int, default=32)
     parser.add_argument("--heldout-multiturn", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-operand", type=int, default=10, help="a, b < this (default 10)")
+    parser.add_argument("--temperature", type=float, default=0.7, help="rollout temperature (ours and trl)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: on a loaded machine more threads are slower)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-trl", action="store_true")
     args = parser.parse_args()
@@ -299,8 +309,7 @@ def main() -> None:
     load_s = time.perf_counter() - t0
     print(f"loaded {args.model} in {load_s:.1f}s", file=sys.stderr)
     start = copy.deepcopy(model.state_dict())
-    rows = arithmetic_rows(200, seed=args.seed)
-    heldout = arithmetic_rows(args.heldout, seed=args.seed + 1, exclude={(r["a"], r["b"]) for r in rows})
+    rows, heldout = arithmetic_split(args.max_operand, args.heldout, seed=args.seed)
     result: dict[str, Any] = {"model": args.model, "steps": args.steps, "group": args.group}
     result["prompts_per_step"] = args.prompts_per_step
     with tempfile.TemporaryDirectory() as tmp:

@@ -49,6 +49,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "gepa": ("rollouts.cli.gepa", "evolve a prompt with GEPA"),
     "demo": ("rollouts.cli.demo", "run the demo on the embedded local model (offline, no key)"),
     "doctor": ("rollouts.cli.doctor", "check the installation, keys, local model and storage"),
+    "train": ("rollouts.cli.train", "train a model on rollouts (GRPO)"),
 }
 
 

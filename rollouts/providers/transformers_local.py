@@ -338,7 +338,16 @@ def load_causal_lm(source: str) -> tuple[Any, Any]:
     path = resolve_weights(source)
     if path.suffix == ".gguf":
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype="float32")
+        loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype="float32")
+        # The weights are dequantised, but the model still carries the GGUF "quantizer", which
+        # makes transformers refuse to save or fine-tune it: rebuild it as a plain model.
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=_torch().float32)
+        model.load_state_dict(loaded.state_dict())
+        model.generation_config = loaded.generation_config
+        del loaded
     else:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype="float32")
