@@ -50,6 +50,7 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+@pytest.mark.slow
 async def test_train_grpo_trains_logs_and_resumes(tmp_path: Path) -> None:
     await trio.to_thread.run_sync(_save_tiny, tmp_path / "tiny")
     _write(tmp_path / "prompts.jsonl", "".join(json.dumps({"prompt": p}) + "\n" for p in ("say seven", "a number?")))
