@@ -229,6 +229,7 @@ class GenerationEngine:
                 attention_mask=mask.to(self._device),
                 position_ids=positions.to(self._device),
                 use_cache=True,
+                logits_to_keep=1,  # the output layer only where a token is sampled
             )
         return _Batch(
             requests=requests,

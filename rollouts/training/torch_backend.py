@@ -134,39 +134,45 @@ class TorchBackend:
             mask[i, :k] = torch.tensor(s.loss_mask, dtype=torch.float32)
             old[i, :k] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
         ids, attn, mask, old, adv = (t.to(self.device) for t in (ids, attn, mask, old, adv))
-        logits = self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
-        if self.temperature > 0 and self.temperature != 1.0:
-            logits = logits / self.temperature
-        logp_all = torch.log_softmax(logits, dim=-1)
-        target = ids[:, 1:]
-        logp = logp_all.gather(-1, target[..., None])[..., 0]
-        m = mask[:, 1:]
-        old_lp = old[:, 1:]
+        # Only the sampled positions need the output layer (a 49k-word vocabulary makes it the
+        # largest matmul of a small model): row r, position p predicts token p + 1.
+        rows, cols = torch.nonzero(mask[:, 1:] > 0, as_tuple=True)
+        target = ids[rows, cols + 1]
+        old_lp = old[rows, cols + 1]
+        logp_all = self._selected_logprobs(self.model, ids, attn, rows, cols)
+        logp = logp_all.gather(-1, target[:, None])[:, 0]
         ratio = torch.exp(logp - old_lp)
-        a = adv[:, None]
+        a = adv[rows]
         per_token = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - self.clip_eps, 1 + self.clip_eps) * a)
         kl = torch.zeros_like(per_token)
         if self.kl_coef > 0:
             with torch.no_grad():
-                ref_logits = self.reference_model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
-                ref_logits = ref_logits.float()
-                if self.temperature > 0 and self.temperature != 1.0:
-                    ref_logits = ref_logits / self.temperature
-                ref_lp = torch.log_softmax(ref_logits, dim=-1).gather(-1, target[..., None])[..., 0]
+                ref_all = self._selected_logprobs(self.reference_model, ids, attn, rows, cols)
+                ref_lp = ref_all.gather(-1, target[:, None])[:, 0]
             delta = ref_lp - logp
             kl = torch.exp(delta) - delta - 1
             per_token = per_token + self.kl_coef * kl
-        counts = m.sum(-1).clamp(min=1)
-        per_sample = (per_token * m).sum(-1) / counts
+        counts = torch.bincount(rows, minlength=n).clamp(min=1).float()
+        weights = 1.0 / counts[rows]  # each sample's loss is the mean over its sampled tokens
+        total = (per_token * weights).sum()
         with torch.no_grad():
             entropy = -(logp_all.exp() * logp_all).sum(-1)
             stats = {
-                "kl": float(((kl * m).sum(-1) / counts).sum()),
-                "entropy": float(((entropy * m).sum(-1) / counts).sum()),
-                "clipped": float((((ratio - 1).abs() > self.clip_eps).float() * m).sum()),
-                "ratio_max": float((ratio * m).max()),
+                "kl": float((kl * weights).sum()),
+                "entropy": float((entropy * weights).sum()),
+                "clipped": float(((ratio - 1).abs() > self.clip_eps).float().sum()),
+                "ratio_max": float(ratio.max()),
             }
-        return per_sample.sum(), stats
+        return total, stats
+
+    def _selected_logprobs(self, model: Any, ids: Any, attn: Any, rows: Any, cols: Any) -> Any:
+        """Log-softmax (at `temperature`) of the next-token logits at positions (rows, cols)."""
+        torch = _torch()
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+        logits = model.get_output_embeddings()(hidden[rows, cols]).float()
+        if self.temperature > 0 and self.temperature != 1.0:
+            logits = logits / self.temperature
+        return torch.log_softmax(logits, dim=-1)
 
     def _train_step(self, batch: list[TrainingSample], lr: float) -> dict[str, float]:
         torch = _torch()
