@@ -32,6 +32,7 @@ examples:
   rollouts gepa train.jsonl -m local/qwen2.5-coder-0.5b --reflection-model anthropic/claude-sonnet-4-5 \\
       --score exact_match --system-prompt "Answer briefly." --budget 200
   rollouts sessions list
+  rollouts train grpo --model smollm2-135m --data prompts.jsonl --score my_task:score --steps 10 --output runs/sum
   rollouts demo                                      # the whole stack offline, no key
   rollouts doctor
 
