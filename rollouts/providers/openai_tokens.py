@@ -1,25 +1,26 @@
-"""Token-exact rollouts through llama.cpp's server (providers `local` and `llamacpp` with
-`RunConfig.use_tito`).
+"""Token-exact rollouts through OpenAI-compatible servers (`RunConfig.use_tito`): llama.cpp
+(providers `local`, `llamacpp`) and vLLM (provider `vllm`).
 
-The chat endpoint takes text, so it cannot be token-exact. This path uses the server's native
-endpoints instead:
+Chat endpoints take text, so they cannot be token-exact. These paths use the servers' own
+endpoints instead; prompts are built with `rollouts.providers.tito.next_prompt_ids` (the first
+call renders the conversation, later calls extend the previous call's prompt and completion ids):
 
-* `GET /props` gives the model's chat template (rendered here with a sandboxed jinja2, as
-  transformers renders templates), `POST /tokenize` (special tokens parsed, no BOS added) and
-  `POST /detokenize` turn text into ids and back, so prompts are built with
-  `rollouts.providers.tito.next_prompt_ids`: the first call renders the conversation, later
-  calls extend the previous call's prompt and completion ids;
-* `POST /completion` with the prompt as a list of token ids, streamed, with `return_tokens` and
-  `n_probs: 1`: every chunk carries the sampled ids and each one's log-prob. The samplers are set
-  neutral (`top_k 0, top_p 1, min_p 0`, no penalties) so the distribution sampled from is the
-  model's softmax at `temperature`; llama.cpp reports log-probs of the untempered softmax, which
-  equal the sampler's at temperature 1 (use 1.0 for training).
+* llama.cpp: `GET /props` gives the chat template (rendered here with a sandboxed jinja2, as
+  transformers renders templates), `POST /tokenize` (special tokens parsed, no BOS) and
+  `/detokenize` convert text and ids; `POST /completion` takes the prompt as token ids, streamed,
+  with `return_tokens` and `n_probs: 1`, so every chunk carries the sampled ids and their
+  log-probs. The samplers are set neutral (`top_k 0, top_p 1, min_p 0`, no penalties) so the
+  distribution sampled from is the softmax at `temperature`; llama.cpp reports log-probs of the
+  untempered softmax, equal to the sampler's at temperature 1 (use 1.0 for training).
+* vLLM: `POST /tokenize` with `messages` applies the template on the server (the ids are turned
+  back into text with `/detokenize`), `/tokenize` with `prompt` encodes text; `POST
+  /v1/completions` takes the token-id prompt with `logprobs: 0` and `return_tokens_as_token_ids`,
+  so each chunk's `logprobs.tokens` are `token_id:N` with `token_logprobs` beside them (vLLM
+  reports the log-probs of the distribution it sampled from).
 
-Text deltas stream through the OpenAI chat translator (tool calls written as JSON become tool
-calls), so events and the Message match the chat path. vLLM and SGLang serve the same idea
-through their own parameters (vLLM: `/v1/completions` with a token-id `prompt`, `logprobs: 0`
-and `return_tokens_as_token_ids`; SGLang: `/generate` with `input_ids` and `return_logprob`);
-they are not wired here yet.
+SGLang's `/generate` (`input_ids`, `return_logprob`) offers the same and is not wired yet. Text
+deltas stream through the OpenAI chat translator (tool calls written as JSON become tool calls),
+so events and the Message match the chat path.
 """
 
 from __future__ import annotations
@@ -149,8 +150,7 @@ class LlamaCppChatTokenizer:
 
 
 @asynccontextmanager
-async def _open_completion(endpoint: Endpoint, body: dict[str, Any]) -> AsyncIterator[AsyncIterator[Any]]:
-    url = server_root(endpoint.api_base) + "/completion"
+async def _open_stream(endpoint: Endpoint, url: str, body: dict[str, Any]) -> AsyncIterator[AsyncIterator[Any]]:
     async with http_client(endpoint) as client:
         request = client.build_request(
             "POST", url, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
@@ -171,8 +171,19 @@ async def _open_completion(endpoint: Endpoint, body: dict[str, Any]) -> AsyncIte
                 await response.aclose()
 
 
+@dataclass(frozen=True)
+class _Piece:
+    """What one stream chunk carried: sampled ids, their log-probs, text, and the finish
+    ("stop" or "length") if the model finished."""
+
+    ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    text: str = ""
+    finish: str | None = None
+
+
 def completion_request(prompt_ids: Sequence[int], endpoint: Endpoint, seed: int | None) -> dict[str, Any]:
-    """The `/completion` body: token-id prompt, neutral samplers, token ids and log-probs back."""
+    """llama.cpp's `/completion` body: token-id prompt, neutral samplers, token ids and log-probs back."""
     body: dict[str, Any] = {
         "prompt": list(prompt_ids),
         "n_predict": endpoint.max_tokens,
@@ -192,14 +203,119 @@ def completion_request(prompt_ids: Sequence[int], endpoint: Endpoint, seed: int 
     return body
 
 
-async def stream_llamacpp_tokens(actor: Actor, on_chunk: OnChunk) -> Actor:
-    """Token-exact streaming from a llama.cpp server at `Endpoint.api_base`."""
+def _llamacpp_piece(chunk: Any, provider: str) -> _Piece:
+    tokens = chunk.get("tokens") or []
+    probs = chunk.get("completion_probabilities") or []
+    if len(probs) != len(tokens):
+        raise ProviderError(
+            f"{provider}: the server sent {len(tokens)} tokens with {len(probs)} log-probs; it must support "
+            "return_tokens and n_probs (a llama.cpp server from 2025 or later)",
+            retryable=False,
+        )
+    for token, p in zip(tokens, probs, strict=True):
+        if int(p["id"]) != int(token):
+            raise ProviderError(f"{provider}: log-prob entry for token {p['id']} beside token {token}")
+    finish = None
+    if chunk.get("stop"):
+        finish = "length" if chunk.get("stop_type") == "limit" else "stop"
+    return _Piece(
+        tuple(int(t) for t in tokens), tuple(float(p["logprob"]) for p in probs), chunk.get("content") or "", finish
+    )
+
+
+def vllm_completion_request(prompt_ids: Sequence[int], endpoint: Endpoint, seed: int | None) -> dict[str, Any]:
+    """vLLM's `/v1/completions` body: a token-id prompt, the sampled ids (as `token_id:N`
+    strings) with their log-probs back."""
+    body: dict[str, Any] = {
+        "model": endpoint.model,
+        "prompt": list(prompt_ids),
+        "max_tokens": endpoint.max_tokens,
+        "temperature": 1.0 if endpoint.temperature is None else endpoint.temperature,
+        "top_p": 1.0,
+        "top_k": -1,
+        "stream": True,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+    }
+    if seed is not None:
+        body["seed"] = seed % (1 << 32)
+    return body
+
+
+def _vllm_piece(chunk: Any, provider: str) -> _Piece:
+    choices = chunk.get("choices") or []
+    if not choices:
+        return _Piece()
+    choice = choices[0]
+    lp = choice.get("logprobs") or {}
+    names = lp.get("tokens") or []
+    values = lp.get("token_logprobs") or []
+    if len(names) != len(values):
+        raise ProviderError(f"{provider}: {len(names)} tokens with {len(values)} log-probs in a chunk", retryable=False)
+    ids = []
+    for name in names:
+        if not (isinstance(name, str) and name.startswith("token_id:")):
+            raise ProviderError(
+                f"{provider}: token {name!r} is not an id; the server must honour return_tokens_as_token_ids",
+                retryable=False,
+            )
+        ids.append(int(name[len("token_id:") :]))
+    reason = choice.get("finish_reason")
+    finish = None if reason is None else "length" if reason == "length" else "stop"
+    return _Piece(tuple(ids), tuple(float(v) for v in values), choice.get("text") or "", finish)
+
+
+class VLLMChatTokenizer(LlamaCppChatTokenizer):
+    """A `tito.ChatTokenizer` over vLLM's `/tokenize` and `/detokenize` (the chat template is
+    applied by the server: `/tokenize` with `messages`, then the ids back to text)."""
+
+    async def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None,
+        generation_prompt: bool,
+    ) -> str:
+        body: dict[str, Any] = {
+            "model": self.endpoint.model,
+            "messages": list(messages),
+            "add_generation_prompt": generation_prompt,
+            "continue_final_message": False,
+            "add_special_tokens": False,
+        }
+        if tools:
+            body["tools"] = list(tools)
+        answer = await _post_json(self.endpoint, self.root + "/tokenize", body)
+        return await self.decode(answer["tokens"])
+
+    async def encode(self, text: str) -> list[int]:
+        if not text:
+            return []
+        body = {"model": self.endpoint.model, "prompt": text, "add_special_tokens": False}
+        answer = await _post_json(self.endpoint, self.root + "/tokenize", body)
+        return [int(t) for t in answer["tokens"]]
+
+    async def decode(self, ids: Sequence[int]) -> str:
+        if not ids:
+            return ""
+        answer = await _post_json(
+            self.endpoint, self.root + "/detokenize", {"model": self.endpoint.model, "tokens": list(ids)}
+        )
+        return str(answer["prompt"])
+
+
+async def _stream_tokens(
+    actor: Actor,
+    on_chunk: OnChunk,
+    tokenizer: Any,
+    url: str,
+    make_body: Any,
+    parse: Any,
+) -> Actor:
     ep = actor.endpoint
-    if not ep.api_base:
-        raise ConfigurationError(f"provider {ep.provider!r} needs Endpoint.api_base (e.g. 'http://localhost:8080/v1')")
     started = time.perf_counter()
     await on_chunk(LLMCallStart(provider=ep.provider, model=ep.model))
-    tokenizer = LlamaCppChatTokenizer(ep)
     try:
         prompt_ids = await next_prompt_ids(tokenizer, actor.trajectory, actor.tools)
     except (HTTPStatusFailure, httpx2.TransportError) as e:
@@ -207,7 +323,7 @@ async def stream_llamacpp_tokens(actor: Actor, on_chunk: OnChunk) -> Actor:
         assert failure is not None
         raise failure.error from e
     params = dict(ep.extra_params or {})
-    body = completion_request(prompt_ids, ep, call_seed(actor.trajectory, params.get("seed")))
+    body = make_body(prompt_ids, ep, call_seed(actor.trajectory, params.get("seed")))
     names = frozenset(t.name for t in actor.tools) or None
     builder = MessageBuilder(ep.provider, ep.model)
     record: dict[str, Any] = {}
@@ -221,34 +337,23 @@ async def stream_llamacpp_tokens(actor: Actor, on_chunk: OnChunk) -> Actor:
         nonlocal first_at
         ids: list[int] = []
         logprobs: list[float] = []
-        async with _open_completion(ep, body) as chunks:
+        async with _open_stream(ep, url, body) as chunks:
             await emit(StreamStart(attempt=n))
             translator = ChatStreamTranslator(emit, text_tool_names=names, text_tool_limit=1)
-            stop_type = None
+            finish = None
             async for chunk in chunks:
                 if first_at is None:
                     first_at = time.perf_counter()
-                tokens = chunk.get("tokens") or []
-                probs = chunk.get("completion_probabilities") or []
-                if len(probs) != len(tokens):
-                    raise ProviderError(
-                        f"{ep.provider}: the server sent {len(tokens)} tokens with {len(probs)} log-probs; it must "
-                        "support return_tokens and n_probs (a llama.cpp server from 2025 or later)",
-                        retryable=False,
-                    )
-                for token, p in zip(tokens, probs, strict=True):
-                    if int(p["id"]) != int(token):
-                        raise ProviderError(f"{ep.provider}: log-prob entry for token {p['id']} beside token {token}")
-                    ids.append(int(token))
-                    logprobs.append(float(p["logprob"]))
-                if chunk.get("content"):
-                    await translator.feed({"choices": [{"delta": {"content": chunk["content"]}}]})
-                if chunk.get("stop"):
-                    stop_type = chunk.get("stop_type") or "eos"
+                piece = parse(chunk, ep.provider)
+                ids.extend(piece.ids)
+                logprobs.extend(piece.logprobs)
+                if piece.text:
+                    await translator.feed({"choices": [{"delta": {"content": piece.text}}]})
+                if piece.finish is not None:
+                    finish = piece.finish
                     break
-            if stop_type is None:
+            if finish is None:
                 raise ProviderError(f"{ep.provider}: the stream ended before the model finished", retryable=True)
-            finish = "length" if stop_type == "limit" else "stop"
             usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids)}
             await translator.feed({"choices": [{"delta": {}, "finish_reason": finish}], "usage": usage})
             reason, _ = await translator.finish()
@@ -270,6 +375,27 @@ async def stream_llamacpp_tokens(actor: Actor, on_chunk: OnChunk) -> Actor:
         tokens=TokenRecord(tuple(prompt_ids), tuple(record["ids"]), tuple(record["logprobs"])),
     )
     return append_assistant(actor, builder.finish(), completion)
+
+
+def _needs_api_base(endpoint: Endpoint, example: str) -> None:
+    if not endpoint.api_base:
+        raise ConfigurationError(f"provider {endpoint.provider!r} needs Endpoint.api_base (e.g. {example!r})")
+
+
+async def stream_llamacpp_tokens(actor: Actor, on_chunk: OnChunk) -> Actor:
+    """Token-exact streaming from a llama.cpp server at `Endpoint.api_base`."""
+    ep = actor.endpoint
+    _needs_api_base(ep, "http://localhost:8080/v1")
+    url = server_root(ep.api_base) + "/completion"
+    return await _stream_tokens(actor, on_chunk, LlamaCppChatTokenizer(ep), url, completion_request, _llamacpp_piece)
+
+
+async def stream_vllm_tokens(actor: Actor, on_chunk: OnChunk) -> Actor:
+    """Token-exact streaming from a vLLM server at `Endpoint.api_base` (`/v1/completions`)."""
+    ep = actor.endpoint
+    _needs_api_base(ep, "http://localhost:8000/v1")
+    url = ep.api_base.rstrip("/") + "/completions"
+    return await _stream_tokens(actor, on_chunk, VLLMChatTokenizer(ep), url, vllm_completion_request, _vllm_piece)
 
 
 async def stream_local_tokens(actor: Actor, on_chunk: OnChunk) -> Actor:

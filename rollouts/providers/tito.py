@@ -18,8 +18,8 @@ number turns still give the right delta.
 
 `ChatTokenizer` is what a provider supplies for this (the in-process model's tokenizer, or a
 server's `/apply-template` and `/tokenize` endpoints). `get_token_provider_function` maps an
-Endpoint's provider to its token-exact function: `transformers` (in-process torch model) and the
-llama.cpp server (`local`, `llamacpp`); other providers raise a ConfigurationError.
+Endpoint's provider to its token-exact function: `transformers` (in-process torch model), the
+llama.cpp server (`local`, `llamacpp`) and vLLM (`vllm`); other providers raise a ConfigurationError.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ _TOKEN_PROVIDERS: dict[str, str] = {
     "transformers": "rollouts.providers.transformers_local:stream_transformers",
     "local": "rollouts.providers.openai_tokens:stream_local_tokens",
     "llamacpp": "rollouts.providers.openai_tokens:stream_llamacpp_tokens",
+    "vllm": "rollouts.providers.openai_tokens:stream_vllm_tokens",
 }
 _REGISTERED: dict[str, ProviderFn] = {}
 

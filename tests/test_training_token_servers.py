@@ -1,6 +1,6 @@
-"""Token-exact rollouts through llama.cpp's server: at the wire against the fake server (a
-llama.cpp format with a character tokenizer), and against the real embedded model (tier
-local_model)."""
+"""Token-exact rollouts through servers: llama.cpp at the wire against the fake server (a llama.cpp
+format with a character tokenizer) and against the real embedded model (tier local_model), and
+vLLM at the wire."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from rollouts.agents import run_agent
 from rollouts.dtypes import Actor, AgentState, Endpoint, Message, Trajectory
 from rollouts.environments.calculator import CalculatorEnvironment
+from rollouts.eval.sample import Sample
 from rollouts.providers.openai_tokens import LlamaCppChatTokenizer
 from rollouts.providers.scripted import ScriptedReply
 from rollouts.run_config import RunConfig
@@ -122,9 +123,7 @@ async def test_llamacpp_token_path_at_the_wire() -> None:
     assert first.logprobs == tuple(-0.01 * (i + 1) for i in range(len(first.completion_ids)))
     appended = fake_detokenize(list(second.prompt_ids[len(first.prompt_ids) + len(first.completion_ids) :]))
     assert appended == "\n<|im_start|>tool\nAdded 5 to 0. Current value: 5<|im_end|>\n<|im_start|>assistant\n"
-    sample = TrainingSample.from_eval_sample(
-        __import__("rollouts.eval.sample", fromlist=["Sample"]).Sample("s", {}, traj, status="completed"), 0
-    )
+    sample = TrainingSample.from_eval_sample(Sample("s", {}, traj, status="completed"), 0)
     model_text = fake_detokenize([t for t, m in zip(sample.tokens, sample.loss_mask, strict=True) if m])
     assert model_text == ADD + "<|im_end|>" + DONE + "<|im_end|>"
 
@@ -195,3 +194,84 @@ async def test_embedded_llamacpp_returns_token_ids_and_logprobs_consistent_with_
     tokens, mask, logprobs = token_view(traj)
     assert sum(mask) == sum(len(c.tokens.completion_ids) for c in traj.completions)  # type: ignore[union-attr]
     assert len(tokens) == len(logprobs)
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM
+# ---------------------------------------------------------------------------------------------
+
+
+def _render_chatml(messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return text + ("<|im_start|>assistant\n" if generation_prompt else "")
+
+
+class VLLMFormat:
+    """vLLM's `/tokenize` (a prompt, or messages through the template), `/detokenize`, and
+    streamed `/v1/completions` with a token-id prompt and `return_tokens_as_token_ids`."""
+
+    name = "vllm"
+
+    def matches(self, method: str, path: str) -> bool:
+        return path in ("/tokenize", "/detokenize", "/v1/completions")
+
+    def static_response(self, request: RecordedRequest) -> Any | None:
+        body = request.body if isinstance(request.body, dict) else {}
+        if request.path == "/tokenize":
+            assert body["add_special_tokens"] is False
+            if "messages" in body:
+                return {"tokens": fake_tokenize(_render_chatml(body["messages"], body["add_generation_prompt"]))}
+            return {"tokens": fake_tokenize(body["prompt"])}
+        if request.path == "/detokenize":
+            return {"prompt": fake_detokenize(body["tokens"])}
+        return None
+
+    def is_stream(self, request: RecordedRequest) -> bool:
+        return bool(request.json.get("stream"))
+
+    def stream_events(self, reply: ScriptedReply, request: RecordedRequest, ctx: RenderContext) -> list[bytes]:
+        body = request.json
+        assert body["return_tokens_as_token_ids"] is True and body["logprobs"] == 0
+        assert all(isinstance(t, int) for t in body["prompt"])
+        ids = [*fake_tokenize(reply.text), SPECIAL["<|im_end|>"]]
+        events = []
+        for i in range(0, len(ids), 2):  # two tokens per chunk
+            part = ids[i : i + 2]
+            last = i + 2 >= len(ids)
+            choice = {
+                "index": 0,
+                "text": fake_detokenize([t for t in part if t not in BY_ID]),
+                "logprobs": {"tokens": [f"token_id:{t}" for t in part], "token_logprobs": [-0.5] * len(part)},
+                "finish_reason": "stop" if last else None,
+            }
+            events.append(sse({"id": "cmpl-1", "object": "text_completion", "choices": [choice]}))
+        events.append(b"data: [DONE]\n\n")
+        return events
+
+    def complete_response(self, reply: ScriptedReply, request: RecordedRequest, ctx: RenderContext) -> Any:
+        raise AssertionError("the token path streams")
+
+    def error_body(self, status: int, message: str, code: str | None) -> Any:
+        return {"error": {"code": status, "message": message}}
+
+
+async def test_vllm_token_path_at_the_wire() -> None:
+    async with open_fake_server([ADD, DONE], formats=[VLLMFormat()]) as srv:
+        endpoint = Endpoint("vllm", "served-model", api_base=srv.base_url, max_tokens=200, temperature=1.0)
+        env = CalculatorEnvironment()
+        state = AgentState(Actor(Trajectory((Message("user", "add 5"),)), endpoint, tuple(env.get_tools())), env)
+        states = await run_agent(state, RunConfig(use_tito=True, max_turns=4))
+        sent = [r.json for r in srv.requests if r.path == "/v1/completions"]
+    traj = states[-1].actor.trajectory
+    assert states[-1].stop is not None and states[-1].stop.value == "task_completed"
+    first, second = (c.tokens for c in traj.completions)
+    assert first is not None and second is not None
+    assert sent[0]["prompt"] == list(first.prompt_ids) and sent[0]["model"] == "served-model"
+    assert fake_detokenize(list(first.completion_ids)) == ADD + "<|im_end|>"
+    assert first.logprobs == (-0.5,) * len(first.completion_ids)
+    assert (
+        second.prompt_ids[: len(first.prompt_ids) + len(first.completion_ids)]
+        == first.prompt_ids + first.completion_ids
+    )
+    appended = fake_detokenize(list(second.prompt_ids[len(first.prompt_ids) + len(first.completion_ids) :]))
+    assert appended == "\n<|im_start|>tool\nAdded 5 to 0. Current value: 5<|im_end|>\n<|im_start|>assistant\n"
