@@ -2,7 +2,9 @@
 
 Task: "What is a + b? Reply with only the number." (a, b < 10: 100 pairs, 32 held out, the rest
 for training); reward 1.0 when the reply, stripped of spaces and a final period, is exactly the
-sum, 0.2 when the sum appears in a longer reply, else 0.0. Rollouts sample at temperature 0.7
+sum, less when the sum is surrounded by other text (1 / (1 + extra characters / 4)), else 0.0
+(with all-or-nothing credit no rollout of the base model earns a reward, and a flat partial
+credit gives whole groups equal rewards, hence no gradient). Rollouts sample at temperature 0.7
 (ours and trl alike): at 1.0 SmolLM2-135M rambles and no rollout earns a reward to learn from. The held-out reward is measured with
 greedy decoding (temperature 0) through `evaluate()` before and after training.
 
@@ -64,14 +66,15 @@ def arithmetic_split(max_operand: int, heldout: int, seed: int) -> tuple[list[di
 
 
 def exact_sum(sample: Sample) -> Score:
-    """1.0 when the reply is exactly the sum (a final period allowed), 0.2 when the sum appears
-    in a longer reply (a signal for replies like "3 + 4 = 7"), else 0.0."""
+    """1.0 when the reply is exactly the sum (a final period allowed); when the sum is in a longer
+    reply, less the more extra characters surround it (1 / (1 + extra / 4): "3 + 4 = 7" earns
+    0.33), so shorter correct replies are preferred; else 0.0."""
     reply = sample.response.strip().rstrip(".").strip()
     answer = sample.input["answer"]
     if reply == answer:
         value = 1.0
     elif answer in re.findall(r"\d+", reply):
-        value = 0.2
+        value = 1.0 / (1.0 + (len(reply) - len(answer)) / 4.0)
     else:
         value = 0.0
     return Score((Metric("sum", value, weight=1.0),))
@@ -243,7 +246,7 @@ async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, ou
     config = GRPOConfig(
         output_dir=out,
         num_steps=args.multiturn_steps,
-        batch_size=args.prompts_per_step,
+        batch_size=args.multiturn_prompts_per_step,
         n_samples_per_prompt=args.group,
         max_tokens=48,
         temperature=args.temperature,
@@ -285,10 +288,11 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", help="smollm2-135m (packaged), tiny (smoke test) or a path")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--multiturn-steps", type=int, default=8)
-    parser.add_argument("--prompts-per-step", type=int, default=1)
+    parser.add_argument("--prompts-per-step", type=int, default=2)
+    parser.add_argument("--multiturn-prompts-per-step", type=int, default=1)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=12)
-    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--heldout", type=int, default=32)
     parser.add_argument("--heldout-multiturn", type=int, default=8)
     parser.add_argument("--max-operand", type=int, default=10, help="a, b < this (default 10)")
