@@ -231,3 +231,40 @@ async def test_served_policy_reloads_the_trainers_weights_from_a_path(tmp_path: 
             await policy.sync(backend, 4)
         with pytest.raises(ProviderError, match="refused to reload"):
             await policy.sync(backend, 5)
+
+
+async def test_gradient_accumulation_over_minibatches_equals_one_batch() -> None:
+    import copy
+
+    from rollouts.training import TrainingSample
+
+    model, _ = tiny_chat_model(seed=0)
+    other = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(0)
+    batch = []
+    for i in range(6):
+        n_prompt, n_out = 5 + i, 3 + (i % 3)
+        tokens = tuple(int(t) for t in torch.randint(5, 60, (n_prompt + n_out,), generator=gen))
+        mask = (0,) * n_prompt + (1,) * n_out
+        logprobs = (0.0,) * n_prompt + tuple(-2.0 - 0.1 * k for k in range(n_out))
+        batch.append(
+            TrainingSample(
+                f"s{i}", i // 3, tokens=tokens, loss_mask=mask, rollout_logprobs=logprobs, advantage=(-1.0) ** i
+            )
+        )
+    one = TorchBackend(model, num_minibatches=1, max_grad_norm=1e9)
+    three = TorchBackend(other, num_minibatches=3, max_grad_norm=1e9)
+    await one.initialize()
+    await three.initialize()
+    m1 = await one.train_step(batch, 1e-3)
+    m3 = await three.train_step(batch, 1e-3)
+    assert m1["loss"] == pytest.approx(m3["loss"], rel=1e-5)
+    assert m1["grad_norm"] == pytest.approx(m3["grad_norm"], rel=1e-4)
+    for (name, a), b in zip(model.named_parameters(), other.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+    # clipping: with a small max norm the reported (pre-clip) norm is the same, the update smaller
+    clipped_model, _ = tiny_chat_model(seed=0)
+    clipped = TorchBackend(clipped_model, max_grad_norm=1e-3)
+    await clipped.initialize()
+    mc = await clipped.train_step(batch, 1e-3)
+    assert mc["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-4)
