@@ -302,6 +302,7 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--skip-multiturn", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -328,7 +329,8 @@ def main() -> None:
         else:
             result["trl_sec_per_step"] = None
         model.load_state_dict(start)
-        result.update(trio.run(run_multiturn, model, tokenizer, args, Path(tmp) / "multiturn"))
+        if not args.skip_multiturn:
+            result.update(trio.run(run_multiturn, model, tokenizer, args, Path(tmp) / "multiturn"))
     result["load_s"] = round(load_s, 1)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     result["peak_rss_mb_with_trl"] = round(peak_rss_mb(), 1)
