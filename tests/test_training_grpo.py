@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+
+try:
+    import torch
+    import transformers  # noqa: F401
+except ImportError:  # never skipped: say what to install
+    pytest.fail(
+        "the training tests need torch and transformers: pip install torch==2.13.0 -e '.[train]'", pytrace=False
+    )
 import trio
 
 from rollouts.errors import ConfigurationError, ProviderError

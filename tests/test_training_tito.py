@@ -7,7 +7,14 @@ import json
 from typing import Any
 
 import pytest
-import torch
+
+try:
+    import torch
+    import transformers  # noqa: F401
+except ImportError:  # never skipped: say what to install
+    pytest.fail(
+        "the training tests need torch and transformers: pip install torch==2.13.0 -e '.[train]'", pytrace=False
+    )
 
 from rollouts.agents import run_agent
 from rollouts.dtypes import Actor, AgentState, Endpoint, Message, Tool, Trajectory
