@@ -292,7 +292,7 @@ def main() -> None:
     parser.add_argument("--multiturn-prompts-per-step", type=int, default=1)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=12)
-    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--heldout", type=int, default=32)
     parser.add_argument("--heldout-multiturn", type=int, default=8)
     parser.add_argument("--max-operand", type=int, default=10, help="a, b < this (default 10)")
