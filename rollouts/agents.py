@@ -37,12 +37,25 @@ class _Tracker:
         self.aborted: tuple[AgentState, Message | None] | None = None
 
 
-async def rollout(actor: Actor, on_chunk: OnChunk) -> Actor:
+async def rollout(actor: Actor, on_chunk: OnChunk, *, use_tito: bool = False) -> Actor:
     """One model call: route to the provider for `actor.endpoint` and return the actor with the
-    new assistant message appended."""
-    fn = get_provider_function(actor.endpoint.provider, actor.endpoint.model)
+    new assistant message appended. With `use_tito` the provider's token-exact variant is used
+    (`rollouts.providers.tito`) and the new Completion carries the call's TokenRecord."""
+    if use_tito:
+        from rollouts.providers.tito import get_token_provider_function
+
+        fn = get_token_provider_function(actor.endpoint.provider)
+    else:
+        fn = get_provider_function(actor.endpoint.provider, actor.endpoint.model)
     new_actor = await fn(actor, on_chunk)
     _check_provider_result(actor, new_actor)
+    if use_tito:
+        last = new_actor.trajectory.completions[-1] if new_actor.trajectory.completions else None
+        if last is None or last.tokens is None:
+            raise TypeError(
+                f"provider {actor.endpoint.provider!r} was asked for a token-exact call (use_tito) but recorded "
+                "no Completion.tokens"
+            )
     return new_actor
 
 
@@ -247,9 +260,9 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
     try:
         if rc.model_limiter is not None:
             async with rc.model_limiter:
-                new_actor = await rollout(actor, on_chunk)
+                new_actor = await rollout(actor, on_chunk, use_tito=rc.use_tito)
         else:
-            new_actor = await rollout(actor, on_chunk)
+            new_actor = await rollout(actor, on_chunk, use_tito=rc.use_tito)
     except AuthenticationError:
         raise
     except ProviderError as e:

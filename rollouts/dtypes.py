@@ -536,10 +536,43 @@ class Message:
 
 
 @dataclass(frozen=True)
+class TokenRecord:
+    """The token-exact record of one model call (`RunConfig.use_tito`): the prompt the model was
+    given as token ids, the ids it sampled, and the sampler's log-probability of each sampled id
+    (under the distribution it sampled from). A trainer reads these instead of re-tokenising
+    text, which can silently change what was sampled."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_ids", "completion_ids", "logprobs"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        if len(self.completion_ids) != len(self.logprobs):
+            raise ValueError(
+                f"TokenRecord: {len(self.completion_ids)} completion ids but {len(self.logprobs)} log-probs"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_ids": list(self.prompt_ids),
+            "completion_ids": list(self.completion_ids),
+            "logprobs": list(self.logprobs),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TokenRecord:
+        return cls(tuple(data["prompt_ids"]), tuple(data["completion_ids"]), tuple(data["logprobs"]))
+
+
+@dataclass(frozen=True)
 class Completion:
     """Bookkeeping of one model call: which model, why it finished, how long it took.
 
-    Token usage lives on the assistant `Message` it produced (`message_index`)."""
+    Token usage lives on the assistant `Message` it produced (`message_index`). `tokens` is
+    set by token-exact providers (`RunConfig.use_tito`)."""
 
     provider: str
     model: str
@@ -548,13 +581,20 @@ class Completion:
     duration_s: float = 0.0
     time_to_first_token_s: float | None = None
     attempts: int = 1
+    tokens: TokenRecord | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return _clean({f.name: getattr(self, f.name) for f in fields(self)})
+        d = _clean({f.name: getattr(self, f.name) for f in fields(self)})
+        if self.tokens is not None:
+            d["tokens"] = self.tokens.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Completion:
-        return cls(**data)
+        tokens = data.get("tokens")
+        if tokens is None:
+            return cls(**data)
+        return cls(**{**data, "tokens": TokenRecord.from_dict(tokens)})
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,10 @@ class RunConfig:
     model_limiter / tool_limiter: capacity limiters held around each model call / tool
         execution (evaluate() shares them across samples).
     session_tags: tags given to the session this run creates.
+    use_tito: token in, token out: every model call records the exact prompt and completion token
+        ids and the sampler's log-probs (`Completion.tokens`), and later turns extend the
+        previous turn's tokens instead of re-rendering text (for training; see
+        `rollouts.providers.tito` for the providers that can).
     """
 
     on_chunk: OnChunk = ignore_chunk
@@ -62,6 +66,7 @@ class RunConfig:
     tool_limiter: trio.CapacityLimiter | None = None
     session_tags: Mapping[str, str] | None = None
     extra: Mapping[str, Any] | None = None
+    use_tito: bool = False
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:

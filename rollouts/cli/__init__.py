@@ -36,6 +36,7 @@ examples:
   rollouts sessions list
   rollouts view results/ ~/.rollouts/sessions        # browse sessions, eval runs and GEPA runs
   rollouts service serve --workers 2                 # the rollout service: HTTP API + 2 workers, embedded DB
+  rollouts train grpo --model smollm2-135m --data prompts.jsonl --score my_task:score --steps 10 --output runs/sum
   rollouts demo                                      # the whole stack offline, no key
   rollouts doctor
 
@@ -55,6 +56,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("rollouts.cli.demo", "run the demo on the embedded local model (offline, no key)"),
     "doctor": ("rollouts.cli.doctor", "check the installation, keys, local model and storage"),
     "service": ("rollouts.cli.service", "run the rollout service (API + workers) and manage its tokens"),
+    "train": ("rollouts.cli.train", "train a model on rollouts (GRPO)"),
 }
 
 

@@ -43,6 +43,7 @@ _BUILTIN: dict[str, str] = {
     "openai-responses": "rollouts.providers.openai_responses:stream_openai_responses",
     "google": "rollouts.providers.google:stream_google",
     "local": "rollouts.providers.local:stream_local",
+    "transformers": "rollouts.providers.transformers_local:stream_transformers",
 }
 _REGISTERED: dict[str, ProviderFn | ProviderResolver] = {}
 _RESOLVERS: set[str] = set()

