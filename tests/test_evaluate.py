@@ -83,12 +83,12 @@ class _InFlight:
 # --------------------------------------------------------------------------------------------
 
 
-async def test_results_in_dataset_order_whatever_the_completion_order() -> None:
+async def test_results_in_dataset_order_whatever_the_completion_order(autojump_clock: Any) -> None:
     n = 12
 
     async def reply(req: ScriptedRequest) -> str:
         i = int(req.last_user_text)
-        await trio.sleep(0.002 * (n - i))  # later rows finish first
+        await trio.sleep(0.002 * (n - i))  # later rows finish first (virtual time: no race with start-up)
         return f"answer {i}"
 
     finished: list[str] = []
