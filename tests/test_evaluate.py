@@ -150,13 +150,13 @@ async def test_async_iterable_dataset() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-async def test_max_concurrent_bounds_samples_in_flight() -> None:
+async def test_max_concurrent_bounds_samples_in_flight(autojump_clock: Any) -> None:
     flight = _InFlight()
 
     async def reply(req: ScriptedRequest) -> str:
         flight.enter()
         try:
-            await trio.sleep(0.01)
+            await trio.sleep(0.01)  # virtual time: the 6th sample starts before the 1st one's call ends
         finally:
             flight.exit()
         return f"answer {req.last_user_text}"
