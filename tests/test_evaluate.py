@@ -461,7 +461,9 @@ async def test_authentication_error_stops_the_whole_eval(tmp_path: Path) -> None
     assert report["summary"]["counts"]["completed"] == 2
 
 
-async def test_sample_time_limit_fails_only_the_slow_sample_and_keeps_its_partial_trajectory() -> None:
+async def test_sample_time_limit_fails_only_the_slow_sample_and_keeps_its_partial_trajectory(
+    autojump_clock: Any,  # virtual time: the fast sample is done within 0.5 s however loaded the machine
+) -> None:
     async def reply(req: ScriptedRequest) -> Any:
         if req.last_user_text == "slow" and req.messages[-1].role == "tool":
             await trio.sleep(10)
@@ -481,7 +483,7 @@ async def test_sample_time_limit_fails_only_the_slow_sample_and_keeps_its_partia
     assert roles == ["user", "assistant", "tool"]
 
 
-async def test_slow_score_fn_hits_the_time_limit() -> None:
+async def test_slow_score_fn_hits_the_time_limit(autojump_clock: Any) -> None:  # virtual time: see above
     async def score(sample: Sample) -> Score:
         await trio.sleep(10)
         raise AssertionError("unreachable")
@@ -493,7 +495,8 @@ async def test_slow_score_fn_hits_the_time_limit() -> None:
     assert report.samples[0].response == "answer 1"
 
 
-async def test_cancellation_propagates_and_writes_the_report(tmp_path: Path) -> None:
+async def test_cancellation_propagates_and_writes_the_report(tmp_path: Path, autojump_clock: Any) -> None:
+    # Virtual time: rows 0-2 are done before the 0.3 s cancel however loaded the machine.
     async def reply(req: ScriptedRequest) -> str:
         if int(req.last_user_text) >= 3:
             await trio.sleep(10)
