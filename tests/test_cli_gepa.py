@@ -18,14 +18,26 @@ from rollouts.testing import FakeTurn, open_fake_server
 
 # The score module also defines the scripted models (`-m scripted/tags-task`): a model answers
 # "OK <topic>" when its system prompt holds [T:<topic>]; the reflection model adds the first tag
-# the feedback asks for. TAGS_LATENCY slows every call down (for the kill test).
+# the feedback asks for. TAGS_LATENCY slows every call down; TAGS_HOLD="<state.json>:<n>" makes task
+# calls hang once n iterations are checkpointed there, so a signal always lands mid-run (kill tests).
 TASK_MODULE = """
-import os, re
+import json, os, re
+import trio
 from rollouts import Metric, Score, ScriptedModel
 
 LATENCY = float(os.environ.get("TAGS_LATENCY", "0"))
+HOLD = os.environ.get("TAGS_HOLD", "")
 
-def _task(req):
+def _held():
+    path, _, n = HOLD.rpartition(":")
+    try:
+        return bool(HOLD) and len(json.load(open(path))["history"]) >= int(n)
+    except (OSError, ValueError, KeyError):
+        return False
+
+async def _task(req):
+    if _held():
+        await trio.sleep_forever()
     topic = req.last_user_text.split("topic:")[-1].strip()
     return f"OK {topic}" if f"[T:{topic}]" in req.system else "NO"
 
@@ -110,7 +122,7 @@ def test_gepa_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_path: 
     proc = subprocess.Popen(
         [*CLI, *ARGS, "--output", "killed"],
         cwd=tmp_path,
-        env=env,
+        env={**env, "TAGS_HOLD": "killed/state.json:2"},  # it cannot finish before the kill
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -128,7 +140,6 @@ def test_gepa_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_path: 
             time.sleep(0.02)
         else:
             raise AssertionError("the run never checkpointed two iterations")
-        time.sleep(0.05)  # somewhere inside the next iteration
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=30)
@@ -147,7 +158,7 @@ def test_gepa_ctrl_c_keeps_the_best_so_far_and_resumes(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [*CLI, *ARGS, "--output", "run"],
         cwd=tmp_path,
-        env=env,
+        env={**env, "TAGS_HOLD": "run/state.json:0"},  # it cannot finish before the Ctrl-C
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

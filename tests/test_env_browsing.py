@@ -282,9 +282,9 @@ def test_malformed_html_parses_in_linear_time() -> None:
     from rollouts.environments._html import html_to_page
 
     for html in ("<a " * 20_000, "<" * 200_000, "<!--" * 50_000, "<p>" + "x<y " * 50_000):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # CPU time: the machine's load does not count, a quadratic parse does
         page = html_to_page(html, "http://h/")
-        assert time.perf_counter() - t0 < 2.0, html[:10]
+        assert time.thread_time() - t0 < 2.0, html[:10]
         assert page.text == html.replace("<!--", "").removeprefix("<p>").strip()
     page = html_to_page("<p>a < b, c<d</p><!-- hidden <x> --><a title='q>r' href=/z>link</a>", "http://h/")
     assert page.text == "a < b, c<d\nlink [1]" and page.links[0].url == "http://h/z"

@@ -155,13 +155,13 @@ async def test_async_iterable_dataset() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-async def test_max_concurrent_bounds_samples_in_flight() -> None:
+async def test_max_concurrent_bounds_samples_in_flight(autojump_clock: Any) -> None:
     flight = _InFlight()
 
     async def reply(req: ScriptedRequest) -> str:
         flight.enter()
         try:
-            await trio.sleep(0.01)
+            await trio.sleep(0.01)  # virtual time: the 6th sample starts before the 1st one's call ends
         finally:
             flight.exit()
         return f"answer {req.last_user_text}"
@@ -466,7 +466,9 @@ async def test_authentication_error_stops_the_whole_eval(tmp_path: Path) -> None
     assert report["summary"]["counts"]["completed"] == 2
 
 
-async def test_sample_time_limit_fails_only_the_slow_sample_and_keeps_its_partial_trajectory() -> None:
+async def test_sample_time_limit_fails_only_the_slow_sample_and_keeps_its_partial_trajectory(
+    autojump_clock: Any,  # virtual time: the fast sample is done within 0.5 s however loaded the machine
+) -> None:
     async def reply(req: ScriptedRequest) -> Any:
         if req.last_user_text == "slow" and req.messages[-1].role == "tool":
             await trio.sleep(10)
@@ -486,7 +488,7 @@ async def test_sample_time_limit_fails_only_the_slow_sample_and_keeps_its_partia
     assert roles == ["user", "assistant", "tool"]
 
 
-async def test_slow_score_fn_hits_the_time_limit() -> None:
+async def test_slow_score_fn_hits_the_time_limit(autojump_clock: Any) -> None:  # virtual time: see above
     async def score(sample: Sample) -> Score:
         await trio.sleep(10)
         raise AssertionError("unreachable")
@@ -498,7 +500,8 @@ async def test_slow_score_fn_hits_the_time_limit() -> None:
     assert report.samples[0].response == "answer 1"
 
 
-async def test_cancellation_propagates_and_writes_the_report(tmp_path: Path) -> None:
+async def test_cancellation_propagates_and_writes_the_report(tmp_path: Path, autojump_clock: Any) -> None:
+    # Virtual time: rows 0-2 are done before the 0.3 s cancel however loaded the machine.
     async def reply(req: ScriptedRequest) -> str:
         if int(req.last_user_text) >= 3:
             await trio.sleep(10)

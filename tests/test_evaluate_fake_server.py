@@ -111,10 +111,21 @@ async def test_cancelled_eval_against_the_server_keeps_finished_samples(tmp_path
             await trio.sleep(30)
         return "<answer>ok</answer>"
 
+    ended: list[str] = []
+    four_ended = trio.Event()  # cancel once rows 0-3 are done, not after a guessed time
+
+    def on_end(sample: Any) -> None:
+        ended.append(sample.id)
+        if len(ended) == 4:
+            four_ended.set()
+
     async with open_fake_server(reply) as srv:
-        config = _config(_endpoint(srv.base_url, "sdk"), output_dir=tmp_path, max_concurrent=8)
-        with trio.move_on_after(1.0) as scope:
-            await evaluate([{"q": i, "answer": "ok"} for i in range(8)], config)
+        config = _config(_endpoint(srv.base_url, "sdk"), output_dir=tmp_path, max_concurrent=8, on_sample_end=on_end)
+        with trio.fail_after(20), trio.CancelScope() as scope:  # fail_after: a hang guard only
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(evaluate, [{"q": i, "answer": "ok"} for i in range(8)], config)
+                await four_ended.wait()
+                scope.cancel()
         assert scope.cancelled_caught
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["status"] == "cancelled"

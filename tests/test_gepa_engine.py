@@ -203,7 +203,8 @@ async def test_outside_cancellation_propagates() -> None:
     assert cs.cancelled_caught
 
 
-async def test_evaluations_run_concurrently_and_speculation_overlaps_iterations() -> None:
+async def test_evaluations_run_concurrently_and_speculation_overlaps_iterations(autojump_clock: Any) -> None:
+    # Virtual time: `wall` is the critical path of the model latencies, not the machine's load.
     task = TagTask(latency_s=0.02, reflect_latency_s=0.04)
     t0 = trio.current_time()
     r = await _run(task, max_metric_calls=120)

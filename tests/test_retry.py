@@ -163,8 +163,14 @@ async def test_total_deadline_bounds_a_hanging_server(transport: str) -> None:
 async def test_cancel_during_backoff_sends_no_further_request(transport: str) -> None:
     async with open_fake_server([http_error(429, retry_after=5), "never"]) as srv:
         rec = Recorder()
-        with trio.move_on_after(0.5) as scope:
-            await _call(_actor(srv.base_url, transport), rec)
+        with trio.CancelScope() as scope:
+
+            async def on_chunk(event: StreamEvent) -> None:
+                await rec(event)
+                if isinstance(event, StreamError) and event.will_retry:
+                    scope.cancel()  # lands in the 5 s back-off that follows (not after a guessed 0.5 s)
+
+            await get_provider_function("openai", "gpt-4o-mini")(_actor(srv.base_url, transport), on_chunk)
         assert scope.cancelled_caught
         assert len(srv.scripted_requests) == 1
         assert [e.will_retry for e in rec.of(StreamError)] == [True]
