@@ -381,9 +381,15 @@ async def main() -> None:
                     res["overhead_ms_per_task"] = round((r["cpu_s"] - inproc["cpu_s"]) / args.tasks * 1e3, 3)
                     res["worker_cpu_ms_per_task"] = round(r["worker_cpu_ms_per_task"], 3)
                     res["api_cpu_ms_per_task"] = round(r["api_cpu_ms_per_task"], 3)
-                    if kind == "postgresql" and r["pg_cpu_ms_per_task"] > 0:
+                    if kind == "postgresql":
+                        # PostgreSQL's CPU is read from /proc in clock ticks (10 ms): a tiny run can
+                        # show 0, and then there is no ratio to give.
                         res["pg_cpu_ms_per_task"] = round(r["pg_cpu_ms_per_task"], 3)
-                        res["workers_per_pg_core"] = round(r["worker_cpu_ms_per_task"] / r["pg_cpu_ms_per_task"], 1)
+                        res["workers_per_pg_core"] = (
+                            round(r["worker_cpu_ms_per_task"] / r["pg_cpu_ms_per_task"], 1)
+                            if r["pg_cpu_ms_per_task"] > 0
+                            else None
+                        )
             if 1 in workers and 2 in workers:
                 res["scaling_w2_over_w1"] = round(res["tasks_per_s_service_w2"] / res["tasks_per_s_service_w1"], 2)
             by_db[kind] = res

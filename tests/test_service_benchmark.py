@@ -34,7 +34,8 @@ def test_service_benchmark_prints_the_figures() -> None:
         assert figures["scaling_w2_over_w1"] == pytest.approx(
             figures["tasks_per_s_service_w2"] / figures["tasks_per_s_service_w1"], abs=0.01
         )
-    assert r["tasks_per_s_inprocess"] > 0 and r["pg_cpu_ms_per_task"] > 0
+    # (PostgreSQL's CPU comes in 10 ms clock ticks: 20 tasks may measure 0)
+    assert r["tasks_per_s_inprocess"] > 0 and r["pg_cpu_ms_per_task"] >= 0
     assert r["tasks_per_s_service_w1"] == r["by_db"]["postgresql"]["tasks_per_s_service_w1"]
     assert isinstance(r["overhead_ms_per_task"], float)
     assert r["gepa_budget_ok"] and r["gepa_metric_calls_service"] <= 40
