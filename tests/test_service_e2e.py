@@ -11,13 +11,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -31,43 +29,11 @@ from rollouts.service.api import ApiLimits
 from rollouts.service.client import ServiceClient, ServiceError
 from rollouts.service.server import DB_ENV, serve
 from rollouts.service.store import Store
-from rollouts.service.testing import PostgresUnavailable, TemporaryPostgres
 from rollouts.service.worker import Worker
 from rollouts.testing import FakeTurn, RecordedRequest, http_error, open_fake_server
 
 KEY_ENV = "ROLLOUTS_TEST_PROVIDER_KEY"
 PROVIDER_KEY = "sk-test-" + secrets.token_hex(16)
-
-
-# ---- databases ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[TemporaryPostgres]:
-    root = tempfile.mkdtemp(prefix="rollouts-pg-")  # (under /tmp: the postgres user must reach it)
-    try:
-        pg = TemporaryPostgres(root)
-    except PostgresUnavailable as e:
-        pytest.fail(f"{e} (the service tests need a real PostgreSQL server)")
-    pg.start()
-    try:
-        yield pg
-    finally:
-        pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/service.db"
-    import psycopg
-
-    pg: TemporaryPostgres = request.getfixturevalue("postgres")
-    name = f"t_{secrets.token_hex(6)}"
-    with psycopg.connect(pg.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return pg.url.rsplit("/", 1)[0] + "/" + name
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import httpx2
 import pytest
 import trio
-from _service_db import db_url, postgres  # noqa: F401  (fixtures)
 from _service_ui_data import XSS, UiData, finish, make_ui_data
 
 from rollouts.service import accounts, jobs
@@ -29,7 +28,7 @@ from rollouts.view.catalog import Catalog, NotFound, SampleQuery, SessionQuery
 
 
 @pytest.fixture
-async def store(db_url: str) -> AsyncIterator[Store]:  # noqa: F811
+async def store(db_url: str) -> AsyncIterator[Store]:
     s = await Store.open(db_url)
     try:
         yield s
@@ -361,7 +360,7 @@ async def test_posts_from_another_origin_are_refused(ui: Ui) -> None:
     assert await active_version(ui) == 1
 
 
-async def test_the_service_serves_the_ui_next_to_the_api(db_url: str, nursery: trio.Nursery) -> None:  # noqa: F811
+async def test_the_service_serves_the_ui_next_to_the_api(db_url: str, nursery: trio.Nursery) -> None:
     from rollouts.service.server import serve as serve_service
 
     url = await nursery.start(
