@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,7 @@ from rollouts.eval.ids import SampleIds
 from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, SampleLog, StreamedList, write_json_atomic
 from rollouts.eval.progress import ProgressBar
 from rollouts.eval.report import EvalReport, ReportStatus, load_report, read_samples
-from rollouts.eval.resume import PreviousSamples, check_report, remove_previous
+from rollouts.eval.resume import Decision, PreviousSamples, check_report, remove_previous
 from rollouts.eval.run_sample import error_text, evaluate_sample, rescore_sample
 from rollouts.eval.sample import Sample
 from rollouts.eval.summary import SummaryBuilder
@@ -280,6 +281,28 @@ async def _feed(run: _Run, dataset: Dataset, run_cfg: EvalConfig, nursery: trio.
             slots.release_on_behalf_of(token)
         run.record(sample)
 
+    async with aclosing(admitted_rows(run, dataset, slots)) as admitted:
+        async for token, sid, row, decision in admitted:
+            if decision == "run":
+                nursery.start_soon(run_one, functools.partial(evaluate_sample, row, sid, run_cfg), token)
+            elif decision == "rescore":
+                assert run.previous is not None
+                run.rescored += 1
+                nursery.start_soon(run_one, functools.partial(rescore_sample, run.previous.load(sid), run_cfg), token)
+            else:
+                assert run.previous is not None
+                slots.release_on_behalf_of(token)
+                run.reused += 1
+                run.record(run.previous.load(sid), reused=True)
+
+
+async def admitted_rows(
+    run: _Run, dataset: Dataset, slots: trio.CapacityLimiter
+) -> AsyncGenerator[tuple[object, str, Row, Decision], None]:
+    """The dataset's rows (up to max_samples), each admitted once a slot is free: yields the
+    token the slot is held for (the caller releases it when the row is done), the sample id,
+    the row and what resume decided for it (run it, re-score its record or reuse it)."""
+    config = run.config
     rows = _Rows(dataset)
     index = 0
     while config.max_samples is None or index < config.max_samples:
@@ -292,23 +315,13 @@ async def _feed(run: _Run, dataset: Dataset, run_cfg: EvalConfig, nursery: trio.
                 return
             sid = run.admit(row, index)
             index += 1
-            decision = "run"
+            decision: Decision = "run"
             if run.previous is not None and run.previous.needs_messages(sid, row):
                 decision = run.previous.decide(sid, row, await _prepared_hash(config, row))
         except BaseException:
             slots.release_on_behalf_of(token)
             raise
-        if decision == "run":
-            nursery.start_soon(run_one, functools.partial(evaluate_sample, row, sid, run_cfg), token)
-        elif decision == "rescore":
-            assert run.previous is not None
-            run.rescored += 1
-            nursery.start_soon(run_one, functools.partial(rescore_sample, run.previous.load(sid), run_cfg), token)
-        else:
-            assert run.previous is not None
-            slots.release_on_behalf_of(token)
-            run.reused += 1
-            run.record(run.previous.load(sid), reused=True)
+        yield token, sid, row, decision
 
 
 async def evaluate(

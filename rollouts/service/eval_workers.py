@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -465,7 +466,7 @@ async def run_with_workers(
 async def _feed_and_collect(
     run: Any, dataset: Any, run_cfg: EvalConfig, store: Store, finish: Any, pool: _Pool
 ) -> None:
-    from rollouts.eval.run import _END, _prepared_hash, _Rows
+    from rollouts.eval.run import admitted_rows
 
     config: EvalConfig = run.config
     slots = trio.CapacityLimiter(2 * config.max_concurrent)
@@ -491,35 +492,19 @@ async def _feed_and_collect(
     async def feed(nursery: trio.Nursery) -> None:
         nonlocal seq
         async with send:
-            rows = _Rows(dataset)
-            index = 0
-            while config.max_samples is None or index < config.max_samples:
-                token = object()
-                await slots.acquire_on_behalf_of(token)
-                try:
-                    row = await rows.next()
-                    if row is _END:
+            async with aclosing(admitted_rows(run, dataset, slots)) as admitted:
+                async for token, sid, row, decision in admitted:
+                    if decision == "run":
+                        tokens[sid] = token
+                        await send.send((sid, seq, _row_json(row, sid)))
+                        seq += 1
+                    elif decision == "rescore":
+                        run.rescored += 1
+                        nursery.start_soon(rescore_one, run.previous.load(sid), token)
+                    else:
                         slots.release_on_behalf_of(token)
-                        break
-                    sid = run.admit(row, index)
-                    index += 1
-                    decision = "run"
-                    if run.previous is not None and run.previous.needs_messages(sid, row):
-                        decision = run.previous.decide(sid, row, await _prepared_hash(config, row))
-                except BaseException:
-                    slots.release_on_behalf_of(token)
-                    raise
-                if decision == "run":
-                    tokens[sid] = token
-                    await send.send((sid, seq, _row_json(row, sid)))
-                    seq += 1
-                elif decision == "rescore":
-                    run.rescored += 1
-                    nursery.start_soon(rescore_one, run.previous.load(sid), token)
-                else:
-                    slots.release_on_behalf_of(token)
-                    run.reused += 1
-                    run.record(run.previous.load(sid), reused=True)
+                        run.reused += 1
+                        run.record(run.previous.load(sid), reused=True)
         fed.set()
         pool.results.set()  # (the collector re-checks whether anything is left)
 
