@@ -133,13 +133,30 @@ import trio
 from rollouts import Message, Metric, Score, ScriptedModel
 
 IN_FLIGHT = 0
+STARTED = 0
+CHANGED = None
+# PROBE_BARRIER=k: a call waits until k calls are in flight, or every call has started (of
+# PROBE_TOTAL): the peak concurrency is then what the limiter allows, whatever the machine's speed.
+# PROBE_HOLD_AFTER=n: calls after the n-th never return (until cancelled).
+BARRIER = int(os.environ.get("PROBE_BARRIER", "0"))
+TOTAL = int(os.environ.get("PROBE_TOTAL", "0"))
+HOLD_AFTER = int(os.environ.get("PROBE_HOLD_AFTER", "0"))
 
 async def _probe(req):
-    global IN_FLIGHT
+    global IN_FLIGHT, STARTED, CHANGED
     IN_FLIGHT += 1
+    STARTED += 1
     with open(os.environ["PROBE_LOG"], "a") as f:
         f.write(json.dumps({"in_flight": IN_FLIGHT, "system": req.system, "user": req.last_user_text}) + "\\n")
-    await trio.sleep(0.3)
+    if HOLD_AFTER and STARTED > HOLD_AFTER:
+        await trio.sleep_forever()
+    if CHANGED is not None:
+        CHANGED.set()
+    with trio.fail_after(60):
+        while IN_FLIGHT < BARRIER and STARTED < TOTAL:
+            CHANGED = CHANGED if CHANGED is not None and not CHANGED.is_set() else trio.Event()
+            await CHANGED.wait()
+    await trio.sleep(0.3)  # long enough for the progress bar to redraw between samples
     IN_FLIGHT -= 1
     return "ok " + req.last_user_text
 
@@ -168,6 +185,7 @@ def test_eval_prepare_system_prompt_and_max_concurrent(tmp_path: Path) -> None:
     log, env = _probe_setup(tmp_path, 6)
     args = ("eval", "topics.jsonl", "-m", "scripted/probe", "--prepare", "probe_task:prepare", "--score",
             "probe_task:score", "--system-prompt", "Be brief.")  # fmt: skip
+    env.update(PROBE_BARRIER="2", PROBE_TOTAL="6")
     r = run_cli(*args, "--max-concurrent", "2", "--output", "two", tmp=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     calls = _probe_calls(log)
@@ -177,6 +195,7 @@ def test_eval_prepare_system_prompt_and_max_concurrent(tmp_path: Path) -> None:
     assert any(line.split()[:2] == ["ok", "1.0000"] for line in r.stdout.splitlines()), r.stdout
 
     log.unlink()
+    env.update(PROBE_BARRIER="6")
     r = run_cli(*args, "--max-concurrent", "6", "--output", "six", tmp=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert max(c["in_flight"] for c in _probe_calls(log)) == 6
@@ -242,7 +261,8 @@ def test_eval_ctrl_c_keeps_finished_samples_and_exits_130(tmp_path: Path) -> Non
     log, env = _probe_setup(tmp_path, 8)
     args = ("eval", "topics.jsonl", "-m", "scripted/probe", "--prepare", "probe_task:prepare", "--score",
             "probe_task:score", "--max-concurrent", "1", "--output", "out")  # fmt: skip
-    proc = subprocess.Popen([*CLI, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    held = {**env, "PROBE_HOLD_AFTER": "2"}  # the third call hangs until Ctrl-C cancels it
+    proc = subprocess.Popen([*CLI, *args], cwd=tmp_path, env=held, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
     samples = tmp_path / "out" / "samples.jsonl"
     deadline = time.monotonic() + 60
@@ -254,7 +274,7 @@ def test_eval_ctrl_c_keeps_finished_samples_and_exits_130(tmp_path: Path) -> Non
     assert "^C stopping; finished samples are kept" in err
     assert "[cancelled]" in out, out
     kept = len(samples.read_text().splitlines())
-    assert 2 <= kept < 8
+    assert kept == 2
     calls_before = len(_probe_calls(log))
 
     again = run_cli(*args, tmp=tmp_path, env=env)
