@@ -211,7 +211,10 @@ async def _start_workers(db_url: str, count: int, concurrency: int) -> list[trio
     procs = []
     for _ in range(count):
         proc = await trio.lowlevel.open_process(
-            [sys.executable, *_profiled("worker", ["-m", "rollouts.cli", "service", "worker", "--concurrency", str(concurrency)])],
+            [
+                sys.executable,
+                *_profiled("worker", ["-m", "rollouts.cli", "service", "worker", "--concurrency", str(concurrency)]),
+            ],
             env=env,
             stderr=subprocess.PIPE,
         )
@@ -260,11 +263,6 @@ async def run_service(
             wall = time.perf_counter() - t0
             api_cpu = time.process_time() - cpu0
             worker_cpu = sum(proc_cpu_s(p.pid) for p in procs) - w0
-            if os.environ.get("BENCH_THREADS"):
-                for p in procs:
-                    for t in sorted(Path(f"/proc/{p.pid}/task").iterdir()):
-                        f = (t / "stat").read_text().rsplit(")", 1)[1].split()
-                        print("thread", p.pid, t.name, (int(f[11]) + int(f[12])) / _CLK, file=sys.stderr)
             fake_cpu = proc_cpu_s(provider.proc.pid) - fake0
             pg_cpu = (postgres_cpu_s(pg_dir) - pg0) if pg_dir else 0.0
             assert done["progress"]["completed"] == n, done["progress"]

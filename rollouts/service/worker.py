@@ -8,7 +8,9 @@ Any number of workers, on any machines that reach the database, share one queue.
 * renews its leases every `lease_s / 3` (one UPDATE for all its tasks) and stops any task it
   no longer holds: cancelled batches, batches past their deadline, leases lost to a pause;
 * runs each task with a time limit of `timeout_per_task_ms`, cut to the batch deadline;
-* records each outcome idempotently (see rollouts.service.queue.finish);
+* records outcomes idempotently (see rollouts.service.queue.finish), those that finish within
+  `record_delay_s` of each other in one transaction (the slot is free for the next task at
+  once; an outcome counts as recorded only once that transaction commits);
 * sweeps expired leases back into the queue every `lease_s / 2` (any worker or server may);
 * when the queue is empty, waits for a PostgreSQL NOTIFY (new batch, requeued tasks) or, on
   SQLite, polls with a backoff capped at `max_poll_s`.
@@ -24,17 +26,23 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from rollouts.dtypes import Endpoint
 from rollouts.errors import RolloutsError
 from rollouts.providers import client_scope
 from rollouts.service import queue
 from rollouts.service.accounts import new_id
-from rollouts.service.execution import TaskOutcome, endpoint_from_spec, resolve_environment, resolve_score, run_task
+from rollouts.service.execution import (
+    TaskOutcome,
+    TaskSetting,
+    endpoint_from_spec,
+    resolve_environment,
+    resolve_score,
+    run_task,
+    task_setting,
+)
 from rollouts.service.queue import BatchSpec, ClaimedTask
 from rollouts.service.store import Store
 
@@ -53,6 +61,17 @@ def _release(tx: Any, worker_id: str, keys: list[tuple[str, str]]) -> None:
         )
 
 
+def _finish_all(tx: Any, batch: list[tuple[ClaimedTask, TaskOutcome]]) -> int:
+    """Record outcomes in one transaction (each idempotently); how many were recorded."""
+    recorded = 0
+    for task, o in batch:
+        recorded += queue.finish(
+            tx, task.batch_id, task.task_id, status=o.status, result=o.result, error=o.error,
+            execution_time_ms=o.execution_time_ms,
+        )  # fmt: skip
+    return recorded
+
+
 class Worker:
     """Runs tasks from the store's queue (see the module docstring)."""
 
@@ -66,6 +85,8 @@ class Worker:
         max_attempts: int = 3,
         max_poll_s: float = 1.0,
         claim_batch: int = 32,
+        record_delay_s: float = 0.02,
+        record_batch: int = 256,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -78,14 +99,21 @@ class Worker:
         self.max_attempts = max_attempts
         self.max_poll_s = max_poll_s
         self.claim_batch = claim_batch
+        self.record_delay_s = record_delay_s
+        self.record_batch = record_batch
         self.completed = 0  # outcomes this worker recorded
+        self._outcomes: list[tuple[ClaimedTask, TaskOutcome]] = []  # finished, not yet written
+        self._outcome_ready = trio.Event()
+        self._batch_full = trio.Event()
         self._running: dict[tuple[str, str], trio.CancelScope] = {}
         self._unsettled: list[tuple[str, str]] = []
         self._idle = trio.Event()
         self._idle.set()
         self._specs: dict[str, BatchSpec] = {}
+        self._settings: dict[str, TaskSetting] = {}  # per batch: made at its first task
         self._wake = trio.Event()
         self._drained = False
+        self._capped = False  # the last claim left tasks queued for their batch's parallelism
         self._beat_now = trio.Event()
         self._stop_listen = threading.Event()
 
@@ -97,16 +125,20 @@ class Worker:
             async with client_scope(), trio.open_nursery() as nursery:
                 nursery.start_soon(self._heartbeat_loop)
                 nursery.start_soon(self._sweep_loop)
+                nursery.start_soon(self._record_loop)
                 if self.store.is_postgres:
                     nursery.start_soon(self._listen)
                 task_status.started()
                 await self._claim_loop(nursery)
         finally:
             self._stop_listen.set()
-            keys = list(self._running) + self._unsettled
-            if keys:
-                with trio.CancelScope(shield=True):
-                    await self.store.call(_release, self.worker_id, keys)
+            with trio.CancelScope(shield=True):
+                try:
+                    await self._write_outcomes()  # finished before the stop: recorded, not rerun
+                finally:
+                    keys = list(self._running) + self._unsettled + [(t.batch_id, t.task_id) for t, _ in self._outcomes]
+                    if keys:
+                        await self.store.call(_release, self.worker_id, keys)
 
     @property
     def running(self) -> int:
@@ -114,8 +146,8 @@ class Worker:
         return len(self._running)
 
     async def wait_idle(self) -> None:
-        """Return when no task is running (at once if none is)."""
-        while self._running:
+        """Return when no task is running and every finished one is recorded (at once if so)."""
+        while self._running or self._outcomes:
             await self._idle.wait()
 
     def _work_arrived(self) -> None:
@@ -146,6 +178,7 @@ class Worker:
             want = min(free, self.claim_batch)
             got = await self.store.call(queue.claim_tasks, self.worker_id, want, self.lease_s)
             claimed = got.tasks
+            self._capped = got.capped
             self._drained = len(claimed) < want and not got.capped
             if claimed and self._idle.is_set():
                 self._idle = trio.Event()
@@ -160,6 +193,38 @@ class Worker:
             # the queue is empty: a NOTIFY (PostgreSQL), a sweep or the poll timer wakes us
             await self._sleep_until_woken(idle_poll if not self.store.is_postgres else self.max_poll_s)
             idle_poll = min(idle_poll * 2, self.max_poll_s)
+
+    async def _record_loop(self) -> None:
+        """Write finished outcomes: those that finish within `record_delay_s` of the first, up to
+        `record_batch`, in one transaction (what is left when the worker stops is written by `run`)."""
+        while True:
+            await self._outcome_ready.wait()
+            if len(self._outcomes) < self.record_batch:
+                with trio.move_on_after(self.record_delay_s):
+                    await self._batch_full.wait()
+            self._outcome_ready = trio.Event()
+            self._batch_full = trio.Event()
+            await self._write_outcomes()
+
+    def _outcome(self, task: ClaimedTask, outcome: TaskOutcome) -> None:
+        self._outcomes.append((task, outcome))
+        self._outcome_ready.set()
+        if len(self._outcomes) >= self.record_batch or self._capped:
+            # (capped: queued tasks wait for a batch's running ones to end in the database)
+            self._batch_full.set()
+
+    async def _write_outcomes(self) -> None:
+        while self._outcomes:
+            batch = self._outcomes[: self.record_batch]
+            self.completed += await self.store.call(_finish_all, batch)  # (raises: still in _outcomes)
+            del self._outcomes[: len(batch)]
+            self._slot_freed()  # (a batch at its parallelism has free slots now)
+            await self._recorded(len(batch))
+        if not self._running:
+            self._idle.set()
+
+    async def _recorded(self, count: int) -> None:
+        """Called after each transaction that wrote `count` outcomes (a hook for subclasses)."""
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -219,30 +284,18 @@ class Worker:
 
     async def _run_one(self, task: ClaimedTask, scope: trio.CancelScope, claimed_at: float) -> None:
         key = (task.batch_id, task.task_id)
-        settled = False  # recorded, or given up because it is not ours any more
+        settled = False  # handed to the record loop, or given up because it is not ours any more
         try:
             with scope:
                 outcome = await self._execute(task, claimed_at)
-            if scope.cancelled_caught:
-                settled = True
-                return  # not ours any more: whoever has it records it
-            with trio.CancelScope(shield=True):
-                settled = True
-                if await self.store.call(
-                    queue.finish,
-                    task.batch_id,
-                    task.task_id,
-                    status=outcome.status,
-                    result=outcome.result,
-                    error=outcome.error,
-                    execution_time_ms=outcome.execution_time_ms,
-                ):
-                    self.completed += 1
+            settled = True
+            if not scope.cancelled_caught:  # (cancelled: not ours any more, whoever has it records it)
+                self._outcome(task, outcome)
         finally:
             self._running.pop(key, None)
             if not settled:
                 self._unsettled.append(key)  # the worker is stopping: put it back in the queue
-            if not self._running:
+            if not self._running and not self._outcomes:
                 self._idle.set()
             self._slot_freed()
 
@@ -254,21 +307,21 @@ class Worker:
         limit, reason = (
             (per_task, "timeout_per_task_ms") if per_task <= to_deadline else (to_deadline, "batch deadline")
         )
-        try:
-            endpoint: Endpoint = endpoint_from_spec(spec.endpoint, spec.config.get("model"))
-            score_fn = resolve_score(spec.config.get("score"))
-            env_factory: Callable[[], Any] | None = resolve_environment(spec.environment)
-        except (RolloutsError, ValueError, TypeError) as e:
-            ms = int((time.perf_counter() - started) * 1000)
-            return TaskOutcome("failed", None, f"cannot run the agent on this worker: {e}", ms)
-        return await run_task(
-            task.input,
-            task.task_id,
-            endpoint=endpoint,
-            system_prompt=spec.system_prompt,
-            max_turns=spec.max_turns,
-            time_limit_s=limit,
-            timeout_reason=reason,
-            score_fn=score_fn,
-            environment_factory=env_factory,
-        )
+        setting = self._settings.get(task.batch_id)
+        if setting is None:
+            try:
+                setting = task_setting(
+                    endpoint=endpoint_from_spec(spec.endpoint, spec.config.get("model")),
+                    system_prompt=spec.system_prompt,
+                    max_turns=spec.max_turns,
+                    time_limit_s=per_task,
+                    score_fn=resolve_score(spec.config.get("score")),
+                    environment_factory=resolve_environment(spec.environment),
+                )
+            except (RolloutsError, ValueError, TypeError) as e:
+                ms = int((time.perf_counter() - started) * 1000)
+                return TaskOutcome("failed", None, f"cannot run the agent on this worker: {e}", ms)
+            self._settings[task.batch_id] = setting
+            if len(self._settings) > 64:
+                self._settings.pop(next(iter(self._settings)))
+        return await run_task(task.input, task.task_id, setting, time_limit_s=limit, timeout_reason=reason)

@@ -449,8 +449,8 @@ class FakeServer:
         cut = turn.drop_after if turn.drop_after is not None else turn.truncate_after
         if turn.end_after is not None:
             events = events[: turn.end_after]
-        if cut is None and turn.event_delay <= 0:  # nothing between the events: one write
-            await self._send(conn, stream, head, *(h11.Data(data=ev) for ev in events), h11.EndOfMessage())
+        if cut is None and turn.event_delay <= 0:  # nothing between the events: one chunk, one write
+            await self._send(conn, stream, head, h11.Data(data=b"".join(events)), h11.EndOfMessage())
             self.completed_streams += 1
             return True
         await self._send(conn, stream, head)
