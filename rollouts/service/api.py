@@ -59,12 +59,20 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(float(ts), UTC).isoformat().replace("+00:00", "Z")
 
 
+# What a response carries as it was recorded (a task's trajectory and score): never rewritten,
+# and the bulk of a batch's results, so not walked either.
+_OPAQUE = frozenset({"trajectory", "score"})
+
+
 def _times(data: Any) -> Any:
-    """Every `*_at` epoch value in `data` as ISO 8601."""
+    """Every `*_at` epoch value in `data` as ISO 8601 (not inside trajectories and scores)."""
     if isinstance(data, list):
         return [_times(x) for x in data]
     if isinstance(data, dict):
-        return {k: iso(v) if k.endswith("_at") and isinstance(v, int | float) else _times(v) for k, v in data.items()}
+        return {
+            k: v if k in _OPAQUE else iso(v) if k.endswith("_at") and isinstance(v, int | float) else _times(v)
+            for k, v in data.items()
+        }
     return data
 
 

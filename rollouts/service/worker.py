@@ -62,14 +62,11 @@ def _release(tx: Any, worker_id: str, keys: list[tuple[str, str]]) -> None:
 
 
 def _finish_all(tx: Any, batch: list[tuple[ClaimedTask, TaskOutcome]]) -> int:
-    """Record outcomes in one transaction (each idempotently); how many were recorded."""
-    recorded = 0
-    for task, o in batch:
-        recorded += queue.finish(
-            tx, task.batch_id, task.task_id, status=o.status, result=o.result, error=o.error,
-            execution_time_ms=o.execution_time_ms,
-        )  # fmt: skip
-    return recorded
+    """Record outcomes in one statement (each idempotently); how many were recorded."""
+    return queue.finish_many(
+        tx,
+        [queue.Outcome(t.batch_id, t.task_id, o.status, o.result, o.error, o.execution_time_ms) for t, o in batch],
+    )
 
 
 class Worker:
