@@ -351,6 +351,21 @@ async def test_outcomes_recorded_together_are_each_recorded_once(db_url: str) ->
         store.close()
 
 
+async def test_event_stream_is_woken_by_the_workers_writes(db_url: str) -> None:
+    """PostgreSQL: workers NOTIFY when they record outcomes, so a batch's event stream reaches
+    `done` without waiting for its poll (here 10 minutes away). SQLite has no notification
+    between processes: the stream polls."""
+    poll_s = 600.0 if db_url.startswith("postgresql") else 0.05
+    async with service(db_url, limits=ApiLimits(sse_poll_s=poll_s)) as svc:
+        agent_id = await svc.agent()
+        batch = await svc.client.create_batch(agent_id, tasks(3))
+        seen = []
+        with trio.fail_after(120):  # (a guard: without the NOTIFY the stream would wait for its poll)
+            async for event, data in svc.client.events(f"/v1/batches/{batch['batch_id']}/events"):
+                seen.append((event, data["progress"]["pending"]))
+        assert seen[-1] == ("done", 0) and all(e == "progress" for e, _ in seen[:-1])
+
+
 async def test_cancel_stops_running_tasks(db_url: str) -> None:
     async with service(db_url, workers=0) as svc:
         # PostgreSQL: the cancellation's NOTIFY makes the worker check its leases at once (its

@@ -30,6 +30,7 @@ from rollouts.service import accounts, queue
 from rollouts.service.accounts import VersionSpec
 from rollouts.service.auth import bearer_token
 from rollouts.service.execution import BUILTIN_SCORERS, ENVIRONMENTS
+from rollouts.service.progress import BatchChanges
 from rollouts.service.requests import ApiError, integer, invalid, number, obj, parse_json, string, string_list
 from rollouts.service.store import Store
 
@@ -394,13 +395,17 @@ def sse(event: str, data: Mapping[str, Any]) -> bytes:
 
 async def progress_stream(
     poll: Callable[[], Awaitable[dict[str, Any] | None]], terminal: Callable[[dict[str, Any]], bool], every_s: float,
-    keepalive_s: float = 15.0,
+    keepalive_s: float = 15.0, changes: tuple[BatchChanges, str] | None = None, min_gap_s: float = 0.05,
 ) -> AsyncIterator[bytes]:  # fmt: skip
     """`progress` events whenever `poll()` changes, then one `done` event; a comment line keeps
-    idle connections open."""
+    idle connections open. Polls every `every_s`, or sooner when `changes` (BatchChanges, batch
+    id) says the database notified a change, but never twice within `min_gap_s` (workers
+    notify at each write)."""
     last: Any = None
     quiet = 0.0
     while True:
+        polled = trio.current_time()
+        seen = changes[0].version(changes[1]) if changes is not None else 0
         state = await poll()
         if state is None:
             yield sse("error", {"error": {"code": "not_found", "message": "gone"}})
@@ -414,8 +419,12 @@ async def progress_stream(
         elif quiet >= keepalive_s:
             yield b": keepalive\n\n"
             quiet = 0.0
-        await trio.sleep(every_s)
-        quiet += every_s
+        if changes is None:
+            await trio.sleep(every_s)
+        else:
+            await changes[0].wait(changes[1], seen, max(0.0, polled + every_s - trio.current_time()))
+            await trio.sleep_until(polled + min_gap_s)
+        quiet += trio.current_time() - polled
 
 
 async def batch_events(ctx: _Ctx, request: Request, ws: str) -> Response:
@@ -429,8 +438,14 @@ async def batch_events(ctx: _Ctx, request: Request, ws: str) -> Response:
             return None
         return {"batch_id": bid, "status": b["status"], "progress": b["progress"], "completed_at": b["completed_at"]}
 
+    changes: BatchChanges | None = ctx.extra.get("changes")
     return StreamingResponse(
-        progress_stream(poll, lambda s: s["progress"]["pending"] == 0, ctx.limits.sse_poll_s),
+        progress_stream(
+            poll,
+            lambda s: s["progress"]["pending"] == 0,
+            ctx.limits.sse_poll_s,
+            changes=(changes, bid) if changes is not None and changes.notified else None,
+        ),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache"},
     )
@@ -449,10 +464,13 @@ async def openapi_schema(ctx: _Ctx, request: Request, ws: str) -> Response:
     return JSONResponse(openapi())
 
 
-def create_app(store: Store, *, limits: ApiLimits | None = None, gepa: Any = None) -> Starlette:
+def create_app(
+    store: Store, *, limits: ApiLimits | None = None, gepa: Any = None, changes: BatchChanges | None = None
+) -> Starlette:
     """The API over `store`. `gepa` (a `rollouts.service.gepa_jobs.GEPAJobs`) serves the GEPA
-    job routes; without it they answer 503."""
-    ctx = _Ctx(store, limits or ApiLimits(), {"gepa": gepa})
+    job routes; without it they answer 503. `changes` (running) wakes batch event streams when
+    workers write (PostgreSQL); without it they poll every `ApiLimits.sse_poll_s`."""
+    ctx = _Ctx(store, limits or ApiLimits(), {"gepa": gepa, "changes": changes})
     from rollouts.service import gepa_routes
 
     def r(path: str, handler: Handler, methods: list[str], public: bool = False) -> Route:

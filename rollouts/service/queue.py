@@ -29,6 +29,7 @@ __all__ = [
     "FINISHED",
     "CANCEL_CHANNEL",
     "NOTIFY_CHANNEL",
+    "PROGRESS_CHANNEL",
     "BatchSpec",
     "Claim",
     "ClaimedTask",
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 NOTIFY_CHANNEL = "rollouts_tasks"  # new or requeued tasks
+PROGRESS_CHANNEL = "rollouts_progress"  # outcomes of the batch (the payload) were recorded
 CANCEL_CHANNEL = "rollouts_cancel"  # a batch was cancelled: workers check their leases now
 FINISHED = ("completed", "failed", "timeout", "cancelled")
 _SWEEP_LOCK = 4242016
@@ -282,12 +284,15 @@ def claim_tasks(tx: Tx, worker_id: str, limit: int, lease_s: float) -> Claim:
     """`claim`, also saying whether batches at their parallelism still have queued tasks."""
     assert limit > 0 and lease_s > 0
     now = tx.dialect.now
-    # batches with queued work and free slots (few at a time: the index on tasks(status, ...))
+    # batches with queued work and free slots: the live batches (before their deadline), each
+    # probed on the index on tasks(batch_id, status) -- not a DISTINCT over every queued task,
+    # which made each claim cost as much as the queue is long
     open_batches = tx.execute(
         f"SELECT b.id, b.parallelism, b.deadline_at - {now}, "
         "(SELECT COUNT(*) FROM tasks r WHERE r.batch_id = b.id AND r.status = 'running') FROM batches b "
-        "WHERE b.id IN (SELECT DISTINCT batch_id FROM tasks WHERE status = 'queued') "
-        f"AND b.cancelled_at IS NULL AND b.deadline_at > {now} ORDER BY b.created_at LIMIT 64"
+        f"WHERE b.cancelled_at IS NULL AND b.deadline_at > {now} "
+        "AND EXISTS (SELECT 1 FROM tasks q WHERE q.batch_id = b.id AND q.status = 'queued') "
+        "ORDER BY b.created_at LIMIT 64"
     )
     claimed: list[ClaimedTask] = []
     capped = len(open_batches) == 64  # (more batches may have queued work)
@@ -352,6 +357,8 @@ def finish(
             task_id,
         ),
     )
+    if tx.rowcount == 1 and tx.dialect.is_postgres:
+        tx.execute(f"SELECT pg_notify('{PROGRESS_CHANNEL}', ?)", (batch_id,))
     return tx.rowcount == 1
 
 
@@ -400,6 +407,9 @@ def finish_many(tx: Tx, outcomes: Sequence[Outcome]) -> int:
         "RETURNING tasks.task_id",
         params,
     )
+    if rows and d.is_postgres:
+        for batch_id in sorted({o.batch_id for o in outcomes}):  # (sent at commit: one per batch)
+            tx.execute(f"SELECT pg_notify('{PROGRESS_CHANNEL}', ?)", (batch_id,))
     return len(rows)
 
 
