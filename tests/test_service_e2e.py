@@ -352,7 +352,7 @@ async def test_outcomes_recorded_together_are_each_recorded_once(db_url: str) ->
 
 
 async def test_event_stream_is_woken_by_the_workers_writes(db_url: str) -> None:
-    """PostgreSQL: workers NOTIFY when they record outcomes, so a batch's event stream reaches
+    """PostgreSQL: a worker NOTIFYs when the outcomes it records finish a batch, so its event stream reaches
     `done` without waiting for its poll (here 10 minutes away). SQLite has no notification
     between processes: the stream polls."""
     poll_s = 600.0 if db_url.startswith("postgresql") else 0.05

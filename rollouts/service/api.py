@@ -399,8 +399,8 @@ async def progress_stream(
 ) -> AsyncIterator[bytes]:  # fmt: skip
     """`progress` events whenever `poll()` changes, then one `done` event; a comment line keeps
     idle connections open. Polls every `every_s`, or sooner when `changes` (BatchChanges, batch
-    id) says the database notified a change, but never twice within `min_gap_s` (workers
-    notify at each write)."""
+    id) says the database notified a change (the batch is done), but never twice within
+    `min_gap_s`."""
     last: Any = None
     quiet = 0.0
     while True:

@@ -1,10 +1,11 @@
 """When a batch's progress may have changed, for the API's event streams (no busy polling).
 
-On PostgreSQL, workers NOTIFY `queue.PROGRESS_CHANNEL` with the batch id in each transaction
-that records outcomes (one per write, not per task), and a cancellation NOTIFYs
+On PostgreSQL, a worker NOTIFYs `queue.PROGRESS_CHANNEL` with the batch id when the outcomes
+it records leave the batch with nothing queued or running, and a cancellation NOTIFYs
 `queue.CANCEL_CHANNEL`; `BatchChanges.run` LISTENs to both on a dedicated connection (a thread
-blocked in the driver) and wakes the streams waiting on that batch. On SQLite there is no
-notification between processes: `wait` returns after its timeout, and streams poll as before.
+blocked in the driver) and wakes the streams waiting on that batch, which report `done` at once
+instead of at their next poll (progress in between is polled, a few times a second). On SQLite
+there is no notification between processes: `wait` returns after its timeout.
 
     changes = BatchChanges(store)
     nursery.start_soon(changes.run)

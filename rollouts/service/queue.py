@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 NOTIFY_CHANNEL = "rollouts_tasks"  # new or requeued tasks
-PROGRESS_CHANNEL = "rollouts_progress"  # outcomes of the batch (the payload) were recorded
+PROGRESS_CHANNEL = "rollouts_progress"  # the batch (the payload) has no task queued or running left
 CANCEL_CHANNEL = "rollouts_cancel"  # a batch was cancelled: workers check their leases now
 FINISHED = ("completed", "failed", "timeout", "cancelled")
 _SWEEP_LOCK = 4242016
@@ -357,9 +357,10 @@ def finish(
             task_id,
         ),
     )
-    if tx.rowcount == 1 and tx.dialect.is_postgres:
-        tx.execute(f"SELECT pg_notify('{PROGRESS_CHANNEL}', ?)", (batch_id,))
-    return tx.rowcount == 1
+    recorded = tx.rowcount == 1
+    if recorded and tx.dialect.is_postgres:
+        _notify_if_done(tx, batch_id)
+    return recorded
 
 
 @dataclass(frozen=True)
@@ -408,9 +409,21 @@ def finish_many(tx: Tx, outcomes: Sequence[Outcome]) -> int:
         params,
     )
     if rows and d.is_postgres:
-        for batch_id in sorted({o.batch_id for o in outcomes}):  # (sent at commit: one per batch)
-            tx.execute(f"SELECT pg_notify('{PROGRESS_CHANNEL}', ?)", (batch_id,))
+        for batch_id in sorted({o.batch_id for o in outcomes}):
+            _notify_if_done(tx, batch_id)
     return len(rows)
+
+
+def _notify_if_done(tx: Tx, batch_id: str) -> None:
+    """NOTIFY PROGRESS_CHANNEL (at commit) when the batch has nothing queued or running left, as
+    this transaction sees it: its event streams report `done` at once. (Two workers finishing
+    a batch's last tasks at the same instant may each still see the other's: then the
+    streams' poll finds it.)"""
+    tx.execute(
+        f"SELECT pg_notify('{PROGRESS_CHANNEL}', ?) WHERE NOT EXISTS "
+        "(SELECT 1 FROM tasks WHERE batch_id = ? AND status IN ('queued', 'running'))",
+        (batch_id, batch_id),
+    )
 
 
 def _number(value: Any) -> float | None:

@@ -9,7 +9,8 @@ Any number of workers, on any machines that reach the database, share one queue.
   no longer holds: cancelled batches, batches past their deadline, leases lost to a pause;
 * runs each task with a time limit of `timeout_per_task_ms`, cut to the batch deadline;
 * records outcomes idempotently (see rollouts.service.queue.finish), those that finish within
-  `record_delay_s` of each other in one transaction (the slot is free for the next task at
+  `record_delay_s` of each other in one transaction (at once when the worker has nothing
+  else running) (the slot is free for the next task at
   once; an outcome counts as recorded only once that transaction commits);
 * sweeps expired leases back into the queue every `lease_s / 2` (any worker or server may);
 * when the queue is empty, waits for a PostgreSQL NOTIFY (new batch, requeued tasks) or, on
@@ -82,7 +83,7 @@ class Worker:
         max_attempts: int = 3,
         max_poll_s: float = 1.0,
         claim_batch: int = 32,
-        record_delay_s: float = 0.02,
+        record_delay_s: float = 0.05,
         record_batch: int = 256,
     ) -> None:
         if concurrency < 1:
@@ -166,7 +167,9 @@ class Worker:
     async def _claim_loop(self, nursery: trio.Nursery) -> None:
         idle_poll = 0.02
         # Claim several tasks per transaction: wait for this many free slots while tasks run.
-        min_claim = max(1, min(self.claim_batch, self.concurrency // 8))
+        # (a quarter of the slots: each claim is a transaction, and workers sharing a machine
+        # have few slots each -- claiming every slot or two cost more than the tasks' rows)
+        min_claim = max(1, min(self.claim_batch, self.concurrency // 4))
         while True:
             free = self.concurrency - len(self._running)
             if free < (min_claim if self._running else 1):
@@ -206,8 +209,9 @@ class Worker:
     def _outcome(self, task: ClaimedTask, outcome: TaskOutcome) -> None:
         self._outcomes.append((task, outcome))
         self._outcome_ready.set()
-        if len(self._outcomes) >= self.record_batch or self._capped:
-            # (capped: queued tasks wait for a batch's running ones to end in the database)
+        if len(self._outcomes) >= self.record_batch or self._capped or len(self._running) <= 1:
+            # (capped: queued tasks wait for a batch's running ones to end in the database;
+            # nothing else running: no other outcome is coming soon)
             self._batch_full.set()
 
     async def _write_outcomes(self) -> None:
