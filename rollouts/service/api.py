@@ -396,13 +396,16 @@ def sse(event: str, data: Mapping[str, Any]) -> bytes:
 async def progress_stream(
     poll: Callable[[], Awaitable[dict[str, Any] | None]], terminal: Callable[[dict[str, Any]], bool], every_s: float,
     keepalive_s: float = 15.0, changes: tuple[BatchChanges, str] | None = None, min_gap_s: float = 0.05,
+    pending: Callable[[dict[str, Any]], int] | None = None,
 ) -> AsyncIterator[bytes]:  # fmt: skip
     """`progress` events whenever `poll()` changes, then one `done` event; a comment line keeps
-    idle connections open. Polls every `every_s`, or sooner when `changes` (BatchChanges, batch
-    id) says the database notified a change (the batch is done), but never twice within
-    `min_gap_s`."""
+    idle connections open. Polls every `every_s`, or sooner: when `changes` (BatchChanges, batch
+    id) says the database notified a change (the batch is done), or, without notifications
+    (SQLite), when the rate at which `pending(state)` falls says the end is due before the next
+    poll; never twice within `min_gap_s`."""
     last: Any = None
     quiet = 0.0
+    before: tuple[float, int] | None = None  # (time, pending) of the previous poll
     while True:
         polled = trio.current_time()
         seen = changes[0].version(changes[1]) if changes is not None else 0
@@ -420,7 +423,14 @@ async def progress_stream(
             yield b": keepalive\n\n"
             quiet = 0.0
         if changes is None:
-            await trio.sleep(every_s)
+            wait_s = every_s
+            if pending is not None:
+                left = pending(state)
+                if before is not None and before[1] > left:
+                    eta = left * (polled - before[0]) / (before[1] - left)  # at the rate since the last poll
+                    wait_s = min(every_s, max(min_gap_s, eta / 2))
+                before = (polled, left)
+            await trio.sleep(wait_s)
         else:
             await changes[0].wait(changes[1], seen, max(0.0, polled + every_s - trio.current_time()))
             await trio.sleep_until(polled + min_gap_s)
@@ -445,6 +455,7 @@ async def batch_events(ctx: _Ctx, request: Request, ws: str) -> Response:
             lambda s: s["progress"]["pending"] == 0,
             ctx.limits.sse_poll_s,
             changes=(changes, bid) if changes is not None and changes.notified else None,
+            pending=lambda s: int(s["progress"]["pending"]),
         ),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache"},

@@ -8,7 +8,7 @@ instead of at their next poll (progress in between is polled, a few times a seco
 there is no notification between processes: `wait` returns after its timeout.
 
     changes = BatchChanges(store)
-    nursery.start_soon(changes.run)
+    await nursery.start(changes.run)
     seen = changes.version(batch_id)
     ...                                            # look at the batch
     await changes.wait(batch_id, seen, 0.25)       # a change since, or the timeout
@@ -65,9 +65,10 @@ class BatchChanges:
         if event is not None:
             event.set()
 
-    async def run(self) -> None:
-        """Listen until cancelled (returns at once on SQLite)."""
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen until cancelled (started once listening; returns at once on SQLite)."""
         if not self.notified:
+            task_status.started()
             return
         token = trio.lowlevel.current_trio_token()
 
@@ -76,6 +77,7 @@ class BatchChanges:
             try:
                 conn.execute(f"LISTEN {queue.PROGRESS_CHANNEL}")
                 conn.execute(f"LISTEN {queue.CANCEL_CHANNEL}")
+                trio.from_thread.run_sync(task_status.started, trio_token=token)
                 while not self._stop.is_set():
                     for note in conn.notifies(timeout=0.5, stop_after=1):
                         try:

@@ -109,7 +109,7 @@ async def serve(
                 jobs = GEPAJobs(store, data_dir=data_dir, lease_s=job_lease_s)
                 nursery.start_soon(jobs.run)
             changes = BatchChanges(store)
-            nursery.start_soon(changes.run)
+            await nursery.start(changes.run)
             app: Any = create_app(store, limits=limits, gepa=jobs, changes=changes)
             if ui:
                 app = with_ui(app, store, jobs, limits or ApiLimits())

@@ -125,7 +125,7 @@ class Worker:
                 nursery.start_soon(self._sweep_loop)
                 nursery.start_soon(self._record_loop)
                 if self.store.is_postgres:
-                    nursery.start_soon(self._listen)
+                    await nursery.start(self._listen)  # (listening before the first claim: no NOTIFY missed)
                 task_status.started()
                 await self._claim_loop(nursery)
         finally:
@@ -249,9 +249,10 @@ class Worker:
                 self._work_arrived()
             await trio.sleep(max(self.lease_s / 2, 0.05))
 
-    async def _listen(self) -> None:
+    async def _listen(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Wake the claim loop on new work, and renew leases at once on a cancellation (so the
-        cancelled tasks stop now), on NOTIFY (a thread blocks on a dedicated connection)."""
+        cancelled tasks stop now), on NOTIFY (a thread blocks on a dedicated connection).
+        Started once it listens: work queued before that is found by the first claim."""
         token = trio.lowlevel.current_trio_token()
 
         def listen() -> None:
@@ -259,6 +260,7 @@ class Worker:
             try:
                 conn.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
                 conn.execute(f"LISTEN {queue.CANCEL_CHANNEL}")
+                trio.from_thread.run_sync(task_status.started, trio_token=token)
                 while not self._stop_listen.is_set():
                     for note in conn.notifies(timeout=0.5, stop_after=1):
                         react = self._beat_now.set if note.channel == queue.CANCEL_CHANNEL else self._work_arrived
