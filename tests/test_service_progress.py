@@ -1,16 +1,21 @@
-"""How a batch's event stream decides when to look again (rollouts.service.api.progress_stream,
-rollouts.service.progress.BatchChanges), on trio's virtual clock: no database."""
+"""When the service looks again, on trio's virtual clock: a batch's event stream
+(rollouts.service.api.progress_stream, rollouts.service.progress.BatchChanges), and an idle
+SQLite worker (no NOTIFY: it watches the database files)."""
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import trio
 import trio.testing
 
+from rollouts.service import accounts
 from rollouts.service.api import progress_stream
 from rollouts.service.progress import BatchChanges
+from rollouts.service.store import Store
+from rollouts.service.worker import Worker
 
 
 class _Store:
@@ -75,3 +80,32 @@ async def test_batch_changes_wait_returns_at_once_for_a_change_already_seen(
         await trio.sleep(1.0)
         changes._changed("b1")  # wakes the waiter
     assert trio.current_time() == t0 + 101.0
+
+
+async def test_an_idle_sqlite_worker_wakes_when_another_process_commits(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Without NOTIFY, an idle worker looks again when the database files change (another
+    process committed: a new batch, say), not at its next poll (10 minutes away here)."""
+    store = await Store.open(f"sqlite:///{tmp_path / 'q.db'}")
+    other = Store(f"sqlite:///{tmp_path / 'q.db'}")  # (another process's connection)
+    try:
+        worker = Worker(store, max_poll_s=600.0)
+        woke: list[float] = []
+
+        async def idle() -> None:
+            await worker._sleep_until_changed(600.0)
+            woke.append(trio.current_time())
+
+        t0 = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(idle)
+            await trio.sleep(5.0)
+            assert woke == []  # nothing changed: still asleep
+            other.call_sync(accounts.ensure_workspace, "w")  # a commit
+        assert woke and woke[0] - t0 < 5.1
+        await worker._sleep_until_changed(30.0)  # no change: the poll
+        assert trio.current_time() - woke[0] >= 30.0
+    finally:
+        other.close()
+        store.close()

@@ -14,7 +14,8 @@ Any number of workers, on any machines that reach the database, share one queue.
   once; an outcome counts as recorded only once that transaction commits);
 * sweeps expired leases back into the queue every `lease_s / 2` (any worker or server may);
 * when the queue is empty, waits for a PostgreSQL NOTIFY (new batch, requeued tasks) or, on
-  SQLite, polls with a backoff capped at `max_poll_s`.
+  SQLite, for a change of the database files (an os.stat every 20 ms: another process
+  committed), with a claim at least every `max_poll_s` (a backoff from 20 ms).
 
 A worker killed with SIGKILL loses nothing: its tasks' leases expire and another worker
 reruns them. Stopping a worker (cancelling `run`) puts its running tasks straight back.
@@ -164,6 +165,33 @@ class Worker:
             await self._wake.wait()
         self._wake = trio.Event()
 
+    async def _sleep_until_changed(self, at_most_s: float, every_s: float = 0.02) -> None:
+        """SQLite has no NOTIFY: sleep until woken, until the database files change (another
+        process committed: new tasks may be queued; an os.stat of the file and its WAL every
+        `every_s`, no query), or `at_most_s`."""
+        path = self.store.db.sqlite_path
+        assert path is not None
+
+        def files() -> list[tuple[int, int] | None]:
+            out: list[tuple[int, int] | None] = []
+            for name in (str(path), f"{path}-wal"):
+                try:
+                    st = os.stat(name)  # (microseconds: not worth a thread)
+                except FileNotFoundError:
+                    out.append(None)
+                else:
+                    out.append((st.st_mtime_ns, st.st_size))
+            return out
+
+        before = files()
+        with trio.move_on_after(at_most_s):
+            while not self._wake.is_set():
+                with trio.move_on_after(every_s):
+                    await self._wake.wait()
+                if files() != before:
+                    break
+        self._wake = trio.Event()
+
     async def _claim_loop(self, nursery: trio.Nursery) -> None:
         idle_poll = 0.02
         # Claim several tasks per transaction: wait for this many free slots while tasks run.
@@ -190,8 +218,12 @@ class Worker:
                 idle_poll = 0.02
                 if not self._drained:
                     continue
-            # the queue is empty: a NOTIFY (PostgreSQL), a sweep or the poll timer wakes us
-            await self._sleep_until_woken(idle_poll if not self.store.is_postgres else self.max_poll_s)
+            # the queue is empty: a NOTIFY (PostgreSQL), a sweep or the poll timer wakes us;
+            # on SQLite also a commit by any process (the database files change)
+            if self.store.is_postgres:
+                await self._sleep_until_woken(self.max_poll_s)
+            else:
+                await self._sleep_until_changed(idle_poll)
             idle_poll = min(idle_poll * 2, self.max_poll_s)
 
     async def _record_loop(self) -> None:
