@@ -401,11 +401,12 @@ async def progress_stream(
     """`progress` events whenever `poll()` changes, then one `done` event; a comment line keeps
     idle connections open. Polls every `every_s`, or sooner: when `changes` (BatchChanges, batch
     id) says the database notified a change (the batch is done), or, without notifications
-    (SQLite), when the rate at which `pending(state)` falls says the end is due before the next
-    poll; never twice within `min_gap_s`."""
+    (SQLite), when the rate at which `pending(state)` has fallen since the first look says the
+    end is due before the next poll (the average rate: outcomes are written in bursts);
+    never twice within `min_gap_s`."""
     last: Any = None
     quiet = 0.0
-    before: tuple[float, int] | None = None  # (time, pending) of the previous poll
+    first: tuple[float, int] | None = None  # (time, pending) of the first poll
     while True:
         polled = trio.current_time()
         seen = changes[0].version(changes[1]) if changes is not None else 0
@@ -426,10 +427,11 @@ async def progress_stream(
             wait_s = every_s
             if pending is not None:
                 left = pending(state)
-                if before is not None and before[1] > left:
-                    eta = left * (polled - before[0]) / (before[1] - left)  # at the rate since the last poll
+                if first is None:
+                    first = (polled, left)
+                elif first[1] > left:
+                    eta = left * (polled - first[0]) / (first[1] - left)  # at the average rate so far
                     wait_s = min(every_s, max(min_gap_s, eta / 2))
-                before = (polled, left)
             await trio.sleep(wait_s)
         else:
             await changes[0].wait(changes[1], seen, max(0.0, polled + every_s - trio.current_time()))
