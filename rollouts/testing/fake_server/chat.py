@@ -57,6 +57,9 @@ def _usage(reply: ScriptedReply, request: RecordedRequest) -> dict[str, Any]:
     }
 
 
+_TEXT_CHOICE_END = b'},"logprobs":null,"finish_reason":null}'
+
+
 class ChatCompletionsFormat:
     """`POST .../chat/completions` (streamed or not) and `GET .../models`."""
 
@@ -89,12 +92,15 @@ class ChatCompletionsFormat:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             return head + json.dumps(choice, separators=(",", ":")).encode() + tail
 
+        def text_chunk(piece: str) -> bytes:  # chunk({"content": piece}), most of a reply's events
+            return head + b'{"index":0,"delta":{"content":' + json.dumps(piece).encode() + _TEXT_CHOICE_END + tail
+
         events = [chunk({"role": "assistant", "content": ""})]
         size = ctx.chunk_size
         if reply.thinking:
             events += [chunk({"reasoning_content": p}) for p in split_text(reply.thinking, size)]
         if reply.text:
-            events += [chunk({"content": p}) for p in split_text(reply.text, size)]
+            events += [text_chunk(p) for p in split_text(reply.text, size)]
         per_call: list[list[bytes]] = []
         for n, tc in enumerate(reply.tool_calls):
             pieces = split_text(_raw_args(tc.arguments), size)
