@@ -52,6 +52,7 @@ RULES_ENV = "GEPA_ARITH_RULES"
 DEFAULT_RULES = Path(__file__).resolve().parent.parent / ".." / "shared" / "bench" / "arith_rules.py"
 _QUESTION = re.compile(r"What is (-?\d+) (\+|-|\*|/|mod|\^) (-?\d+)\?")
 _CLK = os.sysconf("SC_CLK_TCK")
+_PROFILE_DIR: Path | None = None  # --profile: worker and fake-server processes run under cProfile
 
 
 def load_rules() -> ModuleType | None:
@@ -89,10 +90,46 @@ async def _serve(latency_s: float) -> None:
         await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
 
 
+def _profiled(name: str, argv: list[str]) -> list[str]:
+    """`argv` (after the interpreter) under cProfile when --profile is given (stats dumped on SIGTERM)."""
+    if _PROFILE_DIR is None:
+        return argv
+    return [__file__, "--profiled", str(_PROFILE_DIR / name), *argv]
+
+
+def _run_profiled(out: str, argv: list[str]) -> None:
+    import cProfile
+    import runpy
+    import signal
+
+    prof = cProfile.Profile()
+
+    def dump(*_: Any) -> None:
+        prof.disable()
+        prof.dump_stats(f"{out}.{os.getpid()}.prof")
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, dump)
+    sys.argv = argv[1:] if argv[0] == "-m" else argv
+    prof.enable()
+    if argv[0] == "-m":
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+def _stop(proc: subprocess.Popen[Any] | trio.Process) -> None:
+    """SIGKILL, or SIGTERM when profiling (the profile is written then)."""
+    if _PROFILE_DIR is None:
+        proc.kill()
+    else:
+        proc.terminate()
+
+
 class FakeProvider:
     def __init__(self, latency_s: float) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", "--latency", str(latency_s)],
+            [sys.executable, *_profiled("fake_server", [__file__, "--serve", "--latency", str(latency_s)])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -102,6 +139,8 @@ class FakeProvider:
 
     def stop(self) -> None:
         assert self.proc.stdin is not None
+        if _PROFILE_DIR is not None:
+            _stop(self.proc)
         self.proc.stdin.close()
         self.proc.wait(timeout=30)
 
@@ -146,7 +185,7 @@ def _tasks(n: int) -> list[dict[str, Any]]:
     return [{"task_id": str(i), "user_message": f"Answer in an <answer> tag: {i}", "context": {"answer": str(i)}} for i in range(n)]  # fmt: skip
 
 
-async def run_inprocess(base_url: str, n: int, concurrency: int) -> dict[str, float]:
+async def run_inprocess(base_url: str, n: int, concurrency: int, provider_pid: int) -> dict[str, float]:
     config = EvalConfig(
         endpoint=Endpoint("openai-compatible", "fake", api_base=base_url, api_key="sk-bench", transport="http"),
         prepare_messages=lambda row: [Message("user", row["user_message"])],
@@ -156,11 +195,13 @@ async def run_inprocess(base_url: str, n: int, concurrency: int) -> dict[str, fl
         show_progress=False,
     )
     rows = [{"user_message": t["user_message"], "answer": t["context"]["answer"]} for t in _tasks(n)]
+    fake0 = proc_cpu_s(provider_pid)
     cpu0, t0 = time.process_time(), time.perf_counter()
     report = await evaluate(rows, config)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    fake_cpu = proc_cpu_s(provider_pid) - fake0
     assert report.summary["counts"]["completed"] == n, report.summary["counts"]
-    return {"wall_s": wall, "cpu_s": cpu, "tasks_per_s": n / wall}
+    return {"wall_s": wall, "cpu_s": cpu, "tasks_per_s": n / wall, "fake_server_cpu_ms_per_task": fake_cpu / n * 1e3}
 
 
 async def _start_workers(db_url: str, count: int, concurrency: int) -> list[trio.Process]:
@@ -170,7 +211,10 @@ async def _start_workers(db_url: str, count: int, concurrency: int) -> list[trio
     procs = []
     for _ in range(count):
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "rollouts.cli", "service", "worker", "--concurrency", str(concurrency)],
+            [
+                sys.executable,
+                *_profiled("worker", ["-m", "rollouts.cli", "service", "worker", "--concurrency", str(concurrency)]),
+            ],
             env=env,
             stderr=subprocess.PIPE,
         )
@@ -191,7 +235,7 @@ async def _drain(proc: trio.Process) -> None:
 
 
 async def run_service(
-    db_url: str, base_url: str, n: int, workers: int, concurrency: int, pg_dir: Path | None
+    db_url: str, provider: FakeProvider, n: int, workers: int, concurrency: int, pg_dir: Path | None
 ) -> dict[str, float]:
     from rollouts.service import accounts
     from rollouts.service.client import ServiceClient
@@ -207,8 +251,9 @@ async def run_service(
             nursery.start_soon(_drain, p)
         client = ServiceClient(url, token)
         try:
-            agent = await client.create_agent("bench", _endpoint_spec(base_url), max_turns=1)
+            agent = await client.create_agent("bench", _endpoint_spec(provider.base_url), max_turns=1)
             w0 = sum(proc_cpu_s(p.pid) for p in procs)
+            fake0 = proc_cpu_s(provider.proc.pid)
             pg0 = postgres_cpu_s(pg_dir) if pg_dir else 0.0
             cpu0, t0 = time.process_time(), time.perf_counter()
             created = await client.create_batch(
@@ -218,13 +263,14 @@ async def run_service(
             wall = time.perf_counter() - t0
             api_cpu = time.process_time() - cpu0
             worker_cpu = sum(proc_cpu_s(p.pid) for p in procs) - w0
+            fake_cpu = proc_cpu_s(provider.proc.pid) - fake0
             pg_cpu = (postgres_cpu_s(pg_dir) - pg0) if pg_dir else 0.0
             assert done["progress"]["completed"] == n, done["progress"]
             assert all(r["score"]["reward"] == 1.0 for r in done["results"])
         finally:
             await client.aclose()
             for p in procs:
-                p.kill()
+                _stop(p)
                 await p.wait()
             store.close()
             nursery.cancel_scope.cancel()
@@ -235,6 +281,7 @@ async def run_service(
         "worker_cpu_ms_per_task": worker_cpu / n * 1e3,
         "api_cpu_ms_per_task": api_cpu / n * 1e3,
         "pg_cpu_ms_per_task": pg_cpu / n * 1e3,
+        "fake_server_cpu_ms_per_task": fake_cpu / n * 1e3,
     }
 
 
@@ -326,7 +373,7 @@ def _fresh_db(kind: str, tmp: Path, pg: Any, n: int) -> str:
 
 
 async def main() -> None:
-    global _RULES
+    global _RULES, _PROFILE_DIR
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--latency", type=float, default=0.05)
@@ -337,7 +384,13 @@ async def main() -> None:
     parser.add_argument("--dbs", default="sqlite,postgresql")
     parser.add_argument("--gepa-budget", type=int, default=200)
     parser.add_argument("--no-gepa", action="store_true")
+    parser.add_argument(
+        "--profile", type=Path, metavar="DIR", help="run the workers and the fake server under cProfile: DIR/*.prof"
+    )
     args = parser.parse_args()
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        _PROFILE_DIR = args.profile.resolve()
     workers = [int(w) for w in args.workers.split(",")]
     dbs = args.dbs.split(",")
     _RULES = load_rules()
@@ -347,10 +400,14 @@ async def main() -> None:
     pg: Any = None
     out: dict[str, Any] = {"tasks": args.tasks, "latency_s": args.latency, "concurrency": args.concurrency}
     try:
-        inproc = await run_inprocess(provider.base_url, args.tasks, args.concurrency)
-        print(f"in-process: {inproc['tasks_per_s']:.0f} tasks/s, {inproc['cpu_s'] / args.tasks * 1e3:.2f} ms CPU/task")
+        inproc = await run_inprocess(provider.base_url, args.tasks, args.concurrency, provider.proc.pid)
+        print(
+            f"in-process: {inproc['tasks_per_s']:.0f} tasks/s, {inproc['cpu_s'] / args.tasks * 1e3:.2f} ms CPU/task "
+            f"(fake server {inproc['fake_server_cpu_ms_per_task']:.2f} ms)"
+        )
         out["tasks_per_s_inprocess"] = round(inproc["tasks_per_s"], 1)
         out["cpu_ms_per_task_inprocess"] = round(inproc["cpu_s"] / args.tasks * 1e3, 3)
+        out["fake_server_cpu_ms_per_task_inprocess"] = round(inproc["fake_server_cpu_ms_per_task"], 3)
         by_db: dict[str, Any] = {}
         counter = 0
         for kind in dbs:
@@ -366,7 +423,7 @@ async def main() -> None:
                 per_worker = -(-args.concurrency // w)  # the same tasks in flight in total, split
                 r = await run_service(
                     db_url,
-                    provider.base_url,
+                    provider,
                     args.tasks,
                     w,
                     per_worker,
@@ -374,13 +431,18 @@ async def main() -> None:
                 )
                 print(
                     f"{kind} w{w}: {r['tasks_per_s']:.0f} tasks/s, CPU/task: workers {r['worker_cpu_ms_per_task']:.2f} ms, "
-                    f"API {r['api_cpu_ms_per_task']:.2f} ms, PostgreSQL {r['pg_cpu_ms_per_task']:.2f} ms"
+                    f"API {r['api_cpu_ms_per_task']:.2f} ms, PostgreSQL {r['pg_cpu_ms_per_task']:.2f} ms, "
+                    f"fake server {r['fake_server_cpu_ms_per_task']:.2f} ms"
                 )
                 res[f"tasks_per_s_service_w{w}"] = round(r["tasks_per_s"], 1)
+                res[f"cpu_ms_per_task_w{w}"] = {  # per process kind: what the 2 cores are spent on
+                    part: round(r[f"{part}_cpu_ms_per_task"], 3) for part in ("worker", "api", "pg", "fake_server")
+                }
                 if w == workers[0]:
                     res["overhead_ms_per_task"] = round((r["cpu_s"] - inproc["cpu_s"]) / args.tasks * 1e3, 3)
                     res["worker_cpu_ms_per_task"] = round(r["worker_cpu_ms_per_task"], 3)
                     res["api_cpu_ms_per_task"] = round(r["api_cpu_ms_per_task"], 3)
+                    res["fake_server_cpu_ms_per_task"] = round(r["fake_server_cpu_ms_per_task"], 3)
                     if kind == "postgresql":
                         # PostgreSQL's CPU is read from /proc in clock ticks (10 ms): a tiny run can
                         # show 0, and then there is no ratio to give.
@@ -416,7 +478,9 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    if "--serve" in sys.argv:
+    if sys.argv[1:2] == ["--profiled"]:
+        _run_profiled(sys.argv[2], sys.argv[3:])
+    elif "--serve" in sys.argv:
         trio.run(_serve, float(sys.argv[sys.argv.index("--latency") + 1]))
     else:
         trio.run(main)

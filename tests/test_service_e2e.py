@@ -308,6 +308,64 @@ async def test_a_task_finished_twice_is_recorded_once(db_url: str) -> None:
         store.close()
 
 
+async def test_outcomes_recorded_together_are_each_recorded_once(db_url: str) -> None:
+    """finish_many (a worker's outcomes in one statement): a task already finished keeps its
+    first result; the others are recorded with their figures; NULL figures stay NULL."""
+    store = await Store.open(db_url)
+    try:
+        ws = await store.call(accounts.ensure_workspace, "w")
+        agent = await store.call(accounts.create_agent, ws, "a", accounts.VersionSpec({"model": "openai/x"}))
+        summary, _ = await store.call(
+            queue.create_batch, workspace_id=ws, agent_id=agent["agent_id"], agent_version=1, system_prompt="",
+            tasks=[(f"t{i}", {"user_message": "hi"}) for i in range(3)], config={}, parallelism=3,
+            timeout_per_task_ms=1000, deadline_s=60,
+        )  # fmt: skip
+        bid = summary["batch_id"]
+        assert len(await store.call(queue.claim, "w1", 4, 30.0)) == 3
+        early = {"status": "completed", "result": {"n": 0}, "error": None, "execution_time_ms": 1}
+        assert await store.call(queue.finish, bid, "t0", **early)
+        scored = {"score": {"reward": 0.5}, "usage": {"input_tokens": 3, "output_tokens": 4}, "turns": 1}
+        outcomes = [
+            queue.Outcome(bid, "t0", "failed", None, "late", 9),  # finished already: ignored
+            queue.Outcome(bid, "t1", "completed", scored, None, 7),
+            queue.Outcome(bid, "t2", "timeout", None, "too slow", 1000),
+        ]
+        assert await store.call(queue.finish_many, outcomes) == 2
+        assert await store.call(queue.finish_many, outcomes) == 0  # all finished: nothing changes
+        rows = await store.read(
+            lambda tx: tx.execute(
+                "SELECT task_id, status, error, execution_time_ms, reward, tokens, turns, result, lease_owner "
+                "FROM tasks ORDER BY seq"
+            )
+        )
+        assert [r[:7] for r in rows] == [
+            ("t0", "completed", None, 1, None, None, None),
+            ("t1", "completed", None, 7, 0.5, 7, 1),
+            ("t2", "timeout", "too slow", 1000, None, None, None),
+        ]
+        assert json.loads(rows[1][7]) == scored and rows[2][7] is None
+        assert {r[8] for r in rows} == {None}
+        batch = await store.read(queue.get_batch, ws, bid)
+        assert batch is not None and batch["progress"]["pending"] == 0
+    finally:
+        store.close()
+
+
+async def test_event_stream_is_woken_by_the_workers_writes(db_url: str) -> None:
+    """PostgreSQL: a worker NOTIFYs when the outcomes it records finish a batch, so its event stream reaches
+    `done` without waiting for its poll (here 10 minutes away). SQLite has no notification
+    between processes: the stream polls."""
+    poll_s = 600.0 if db_url.startswith("postgresql") else 0.05
+    async with service(db_url, limits=ApiLimits(sse_poll_s=poll_s)) as svc:
+        agent_id = await svc.agent()
+        batch = await svc.client.create_batch(agent_id, tasks(3))
+        seen = []
+        with trio.fail_after(120):  # (a guard: without the NOTIFY the stream would wait for its poll)
+            async for event, data in svc.client.events(f"/v1/batches/{batch['batch_id']}/events"):
+                seen.append((event, data["progress"]["pending"]))
+        assert seen[-1] == ("done", 0) and all(e == "progress" for e, _ in seen[:-1])
+
+
 async def test_cancel_stops_running_tasks(db_url: str) -> None:
     async with service(db_url, workers=0) as svc:
         # PostgreSQL: the cancellation's NOTIFY makes the worker check its leases at once (its

@@ -10,12 +10,15 @@ import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx2
 import pytest
 import trio
 from _service_ui_data import XSS, UiData, finish, make_ui_data
 
+from rollouts.gepa.checkpoint import REFLECTIONS_FILE
+from rollouts.gepa.proposers import ReflectionJournal
 from rollouts.service import accounts, jobs
 from rollouts.service.api import ApiLimits
 from rollouts.service.api import create_app as create_api
@@ -158,6 +161,35 @@ async def test_compare_gepa_jobs_and_version_tokens(store: Store, data: UiData) 
         assert (await cat.list_sessions(SessionQuery())).total == 0
 
 
+async def test_gepa_reflections_come_from_the_jobs_run_directories(store: Store, data: UiData, tmp_path: Path) -> None:
+    """Every run directory of the job on this server (a resumed job continues in a new one) is
+    read, each reflection once; another workspace's job is NotFound even with files on disk."""
+    for owner, records in (
+        ("srv-1", [(1, "system", "p1", "a1"), (2, "system", "p2", "a2")]),
+        ("srv-2", [(1, "system", "p1", "a1"), (1, "tools", "p1b", "a1b")]),  # (resumed: iteration 1 again)
+    ):
+        journal = ReflectionJournal(tmp_path / data.job / owner / REFLECTIONS_FILE)
+        for it, comp, prompt, answer in records:
+            journal.record(
+                ReflectionJournal.key(it, comp, prompt), iteration=it, component=comp, prompt=prompt, answer=answer
+            )
+        journal.close()
+    (tmp_path / data.job_b / "srv-1").mkdir(parents=True)
+    cat = ServiceCatalog(store, gepa_dir=tmp_path)
+    with use_workspace(data.ws_a):
+        got = await cat.gepa_reflections(data.job, 1)
+        assert [(r.iteration, r.component, r.prompt, r.answer) for r in got] == [
+            (1, "system", "p1", "a1"),
+            (1, "tools", "p1b", "a1b"),
+        ]
+        assert [r.answer for r in await cat.gepa_reflections(data.job, 2)] == ["a2"]
+        assert await cat.gepa_reflections(data.job, 3) == []
+        with pytest.raises(NotFound):
+            await cat.gepa_reflections(data.job_b, 1)
+    with use_workspace(data.ws_b):
+        assert await cat.gepa_reflections(data.job_b, 1) == []  # (its server kept no reflections)
+
+
 # ---- the UI over HTTP ---------------------------------------------------------------------------
 
 
@@ -213,6 +245,7 @@ async def test_login_sets_a_strict_httponly_cookie_and_logout_clears_it(ui: Ui) 
     assert "httponly" in cookie and "samesite=strict" in cookie and "path=/ui" in cookie
     page = await ui.client.get("/ui/batches")
     assert page.status_code == 200 and ui.data.batch in page.text and ui.data.batch2 in page.text
+    assert ">Sessions<" not in page.text and ">Sessions<" not in (await ui.client.get("/ui/")).text  # (none here)
     assert ui.data.batch_b not in page.text
     assert ui.data.token_a not in page.text  # the token is never on a page (the CSRF token is its hash)
 

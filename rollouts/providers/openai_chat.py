@@ -33,13 +33,13 @@ so a stream broken after output is retried with `StreamError(will_retry=True)` f
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import AsyncIterator, Hashable
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
-import openai
 import trio
 
 from rollouts.dtypes import Actor, Endpoint, Message
@@ -49,9 +49,15 @@ from rollouts.providers import ProviderFn, get_provider_function
 from rollouts.providers._call import run_call
 from rollouts.providers._chat_format import ChatStreamTranslator, build_chat_request
 from rollouts.providers._clients import current_pool, shared_ssl_context
-from rollouts.providers._retry import Failure, classify_sdk_error
+from rollouts.providers._retry import Failure, classify_common, classify_sdk_error
 from rollouts.providers.keys import api_key_for
 from rollouts.providers.openai_http import keeps_connections_alive
+
+if TYPE_CHECKING:
+    import openai
+
+# (the `openai` SDK is imported when an SDK client is first made, not with this module: it takes
+# ~0.5 s of CPU to import, and the lean `transport="http"` path never needs it)
 
 _RESPONSES_ONLY = re.compile(r"^(?:o\d+-pro|gpt-5(?:\.\d+)?-pro|gpt-5(?:\.\d+)?-codex|codex-|computer-use)")
 _CREATE_PARAMS = frozenset(
@@ -83,6 +89,8 @@ def _sdk_client_key(endpoint: Endpoint, api_key: str) -> Hashable:
 
 
 def _make_sdk_client(endpoint: Endpoint, api_key: str) -> openai.AsyncOpenAI:
+    import openai
+
     return openai.AsyncOpenAI(
         api_key=api_key or "EMPTY",  # self-hosted servers often need no key; the SDK needs one
         base_url=endpoint.api_base or None,
@@ -95,6 +103,8 @@ def _make_sdk_client(endpoint: Endpoint, api_key: str) -> openai.AsyncOpenAI:
 def _sdk_http_client(endpoint: Endpoint) -> httpx2.AsyncClient:
     """The SDK's default client (its limits and timeouts) with our shared TLS context, and no
     kept-alive connections where `keeps_connections_alive` says so."""
+    import openai
+
     if keeps_connections_alive(endpoint):
         return openai.DefaultAsyncHttpxClient(verify=shared_ssl_context())
     limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=0)
@@ -133,7 +143,10 @@ async def _open_sdk_stream(endpoint: Endpoint, body: dict[str, Any], api_key: st
 
 def classify_openai_error(exc: Exception, provider: str) -> Failure | None:
     """Map openai SDK / httpx2 / our own exceptions to a retry decision and a rollouts error."""
-    return classify_sdk_error(exc, provider, openai)
+    sdk = sys.modules.get("openai")
+    if sdk is None:  # the SDK was never imported (the lean transport): no SDK error can exist
+        return classify_common(exc, provider)
+    return classify_sdk_error(exc, provider, sdk)
 
 
 # ---------------------------------------------------------------------------------------------

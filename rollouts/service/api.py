@@ -30,6 +30,7 @@ from rollouts.service import accounts, queue
 from rollouts.service.accounts import VersionSpec
 from rollouts.service.auth import bearer_token
 from rollouts.service.execution import BUILTIN_SCORERS, ENVIRONMENTS
+from rollouts.service.progress import BatchChanges
 from rollouts.service.requests import ApiError, integer, invalid, number, obj, parse_json, string, string_list
 from rollouts.service.store import Store
 
@@ -59,12 +60,20 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(float(ts), UTC).isoformat().replace("+00:00", "Z")
 
 
+# What a response carries as it was recorded (a task's trajectory and score): never rewritten,
+# and the bulk of a batch's results, so not walked either.
+_OPAQUE = frozenset({"trajectory", "score"})
+
+
 def _times(data: Any) -> Any:
-    """Every `*_at` epoch value in `data` as ISO 8601."""
+    """Every `*_at` epoch value in `data` as ISO 8601 (not inside trajectories and scores)."""
     if isinstance(data, list):
         return [_times(x) for x in data]
     if isinstance(data, dict):
-        return {k: iso(v) if k.endswith("_at") and isinstance(v, int | float) else _times(v) for k, v in data.items()}
+        return {
+            k: v if k in _OPAQUE else iso(v) if k.endswith("_at") and isinstance(v, int | float) else _times(v)
+            for k, v in data.items()
+        }
     return data
 
 
@@ -386,13 +395,21 @@ def sse(event: str, data: Mapping[str, Any]) -> bytes:
 
 async def progress_stream(
     poll: Callable[[], Awaitable[dict[str, Any] | None]], terminal: Callable[[dict[str, Any]], bool], every_s: float,
-    keepalive_s: float = 15.0,
+    keepalive_s: float = 15.0, changes: tuple[BatchChanges, str] | None = None, min_gap_s: float = 0.05,
+    pending: Callable[[dict[str, Any]], int] | None = None,
 ) -> AsyncIterator[bytes]:  # fmt: skip
     """`progress` events whenever `poll()` changes, then one `done` event; a comment line keeps
-    idle connections open."""
+    idle connections open. Polls every `every_s`, or sooner: when `changes` (BatchChanges, batch
+    id) says the database notified a change (the batch is done), or, without notifications
+    (SQLite), when the rate at which `pending(state)` has fallen since the first look says the
+    end is due before the next poll (the average rate: outcomes are written in bursts);
+    never twice within `min_gap_s`."""
     last: Any = None
     quiet = 0.0
+    first: tuple[float, int] | None = None  # (time, pending) of the first poll
     while True:
+        polled = trio.current_time()
+        seen = changes[0].version(changes[1]) if changes is not None else 0
         state = await poll()
         if state is None:
             yield sse("error", {"error": {"code": "not_found", "message": "gone"}})
@@ -406,8 +423,20 @@ async def progress_stream(
         elif quiet >= keepalive_s:
             yield b": keepalive\n\n"
             quiet = 0.0
-        await trio.sleep(every_s)
-        quiet += every_s
+        if changes is None:
+            wait_s = every_s
+            if pending is not None:
+                left = pending(state)
+                if first is None:
+                    first = (polled, left)
+                elif first[1] > left:
+                    eta = left * (polled - first[0]) / (first[1] - left)  # at the average rate so far
+                    wait_s = min(every_s, max(min_gap_s, eta / 2))
+            await trio.sleep(wait_s)
+        else:
+            await changes[0].wait(changes[1], seen, max(0.0, polled + every_s - trio.current_time()))
+            await trio.sleep_until(polled + min_gap_s)
+        quiet += trio.current_time() - polled
 
 
 async def batch_events(ctx: _Ctx, request: Request, ws: str) -> Response:
@@ -421,8 +450,15 @@ async def batch_events(ctx: _Ctx, request: Request, ws: str) -> Response:
             return None
         return {"batch_id": bid, "status": b["status"], "progress": b["progress"], "completed_at": b["completed_at"]}
 
+    changes: BatchChanges | None = ctx.extra.get("changes")
     return StreamingResponse(
-        progress_stream(poll, lambda s: s["progress"]["pending"] == 0, ctx.limits.sse_poll_s),
+        progress_stream(
+            poll,
+            lambda s: s["progress"]["pending"] == 0,
+            ctx.limits.sse_poll_s,
+            changes=(changes, bid) if changes is not None and changes.notified else None,
+            pending=lambda s: int(s["progress"]["pending"]),
+        ),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache"},
     )
@@ -441,10 +477,13 @@ async def openapi_schema(ctx: _Ctx, request: Request, ws: str) -> Response:
     return JSONResponse(openapi())
 
 
-def create_app(store: Store, *, limits: ApiLimits | None = None, gepa: Any = None) -> Starlette:
+def create_app(
+    store: Store, *, limits: ApiLimits | None = None, gepa: Any = None, changes: BatchChanges | None = None
+) -> Starlette:
     """The API over `store`. `gepa` (a `rollouts.service.gepa_jobs.GEPAJobs`) serves the GEPA
-    job routes; without it they answer 503."""
-    ctx = _Ctx(store, limits or ApiLimits(), {"gepa": gepa})
+    job routes; without it they answer 503. `changes` (running) wakes batch event streams when
+    workers write (PostgreSQL); without it they poll every `ApiLimits.sse_poll_s`."""
+    ctx = _Ctx(store, limits or ApiLimits(), {"gepa": gepa, "changes": changes})
     from rollouts.service import gepa_routes
 
     def r(path: str, handler: Handler, methods: list[str], public: bool = False) -> Route:

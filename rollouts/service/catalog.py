@@ -13,9 +13,10 @@ A batch's tasks are its samples: score (the result's reward), status, turns, tok
 execution time; filtering, sorting and paging run in SQL on both SQLite and PostgreSQL (JSON
 fields of the stored result are read with each dialect's JSON functions). A GEPA job's
 candidates, lineage, Pareto front and history come from its checkpoint (the engine's state, kept
-in the job row); reflections are not in the checkpoint (they stay in the run directory of the
-server that ran the job), so `gepa_reflections` returns none. The service has no sessions: the
-sessions list is empty.
+in the job row); reflections are not in the checkpoint: they are read from the job's run
+directories under `gepa_dir` (the `data_dir` of the server's GEPA jobs: every run of the job on
+this server, resumed ones included), so a job run by another server shows none. The service has
+no sessions: the sessions list is empty (and the UI has no link to it).
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ import contextlib
 import contextvars
 import json
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, Literal
+
+import trio
 
 from rollouts.dtypes import Trajectory
 from rollouts.eval.sample import Sample, Score
@@ -509,11 +513,28 @@ def _version(tx: Tx, ws: str, kind: str, item_id: str) -> str:
     raise NotFound(f"the service has no {kind} {item_id}")
 
 
+def _job_reflections(job_dir: Path, iteration: int) -> list[Reflection]:
+    """The reflections of `iteration` in every run directory of a job (one per server process
+    that ran it: a resumed job continues in a new one), oldest first, each once."""
+    from rollouts.gepa.checkpoint import REFLECTIONS_FILE
+    from rollouts.view import read_reflections
+
+    try:
+        runs = sorted((d for d in job_dir.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    except FileNotFoundError:
+        return []
+    found: list[Reflection] = []
+    for run in runs:
+        found += [r for r in read_reflections(run / REFLECTIONS_FILE, iteration) if r not in found]
+    return found
+
+
 class ServiceCatalog:
     """The viewer's `Catalog` over a service `Store`, scoped per request by `use_workspace`."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, gepa_dir: Path | None = None) -> None:
         self.store = store
+        self.gepa_dir = gepa_dir  # where this server's GEPA jobs keep their run directories
 
     async def list_sessions(self, query: SessionQuery) -> Page[SessionRow]:
         current_workspace()
@@ -547,7 +568,10 @@ class ServiceCatalog:
 
     async def gepa_reflections(self, run_id: str, iteration: int) -> Sequence[Reflection]:
         await self.get_gepa_run(run_id)  # NotFound for another workspace's job
-        return ()
+        if self.gepa_dir is None:
+            return ()
+        assert "/" not in run_id and not run_id.startswith("."), run_id  # (a job id of this workspace)
+        return await trio.to_thread.run_sync(_job_reflections, self.gepa_dir / run_id, iteration)
 
     async def runs_version(self) -> str:
         """Changes when any batch in the batches list changes (see `runs_version`)."""

@@ -149,8 +149,9 @@ class ServiceClient:
     async def get_batch(self, batch_id: str, *, offset: int = 0, limit: int = 100) -> dict[str, Any]:
         return await self.request("GET", f"/v1/batches/{batch_id}", params={"offset": offset, "limit": limit})  # type: ignore[no-any-return]
 
-    async def batch_results(self, batch_id: str, page: int = 500) -> dict[str, Any]:
-        """The batch with every finished result (all pages)."""
+    async def batch_results(self, batch_id: str, page: int = 1000) -> dict[str, Any]:
+        """The batch with every finished result (all pages; `page` results per request, at
+        most the API's 1,000)."""
         first = await self.get_batch(batch_id, limit=page)
         results = list(first["results"])
         offset = first["next_offset"]

@@ -29,7 +29,6 @@ from rollouts.errors import AuthenticationError
 from rollouts.eval.config import EvalConfig
 from rollouts.eval.run import _with_limiters
 from rollouts.eval.run_sample import evaluate_sample
-from rollouts.service import queue
 from rollouts.service.eval_workers import CONFIG_ERROR_EXIT, ERROR_PREFIX, WorkerPayload
 from rollouts.service.execution import TaskOutcome
 from rollouts.service.queue import ClaimedTask
@@ -46,47 +45,9 @@ class EvalWorker(Worker):
     def __init__(self, store: Store, config: EvalConfig, **kw: Any) -> None:
         super().__init__(store, **kw)
         self.config = config
-        self._outcomes: list[tuple[ClaimedTask, TaskOutcome]] = []  # finished, not yet written
-        self._outcome_ready = trio.Event()
 
-    async def _run_one(self, task: ClaimedTask, scope: trio.CancelScope, claimed_at: float) -> None:
-        # The service's _run_one, except that the outcome is written by `record_outcomes`,
-        # together with those that finish meanwhile (one transaction for many results).
-        key = (task.batch_id, task.task_id)
-        settled = False
-        try:
-            with scope:
-                outcome = await self._execute(task, claimed_at)
-            settled = True
-            if not scope.cancelled_caught:  # (cancelled: not ours any more)
-                self._outcomes.append((task, outcome))
-                self._outcome_ready.set()
-        finally:
-            self._running.pop(key, None)
-            if not settled:
-                self._unsettled.append(key)  # the worker is stopping: put it back in the queue
-            if not self._running:
-                self._idle.set()
-            self._slot_freed()
-
-    async def record_outcomes(self) -> None:
-        """Write finished outcomes (idempotently: rollouts.service.queue.finish), all those
-        waiting in one transaction, then write a byte on stdout so the parent collects them.
-        What is left when the worker stops is written too."""
-        try:
-            while True:
-                await self._outcome_ready.wait()
-                self._outcome_ready = trio.Event()
-                await self._write_outcomes()
-        finally:
-            with trio.CancelScope(shield=True):
-                await self._write_outcomes()
-
-    async def _write_outcomes(self) -> None:
-        batch, self._outcomes = self._outcomes, []
-        if batch:
-            self.completed += await self.store.call(_finish_all, batch)
-            os.write(1, b".")  # (a pipe the parent keeps reading)
+    async def _recorded(self, count: int) -> None:
+        os.write(1, b".")  # outcomes were written: the parent collects them (a pipe it keeps reading)
 
     async def _execute(self, task: ClaimedTask, claimed_at: float) -> TaskOutcome:
         started = time.perf_counter()
@@ -97,16 +58,6 @@ class EvalWorker(Worker):
             return TaskOutcome("completed", {"auth_error": str(e)}, None, ms)
         ms = int((time.perf_counter() - started) * 1000)
         return TaskOutcome("completed", {"sample": sample.to_dict()}, None, ms)
-
-
-def _finish_all(tx: Any, batch: list[tuple[ClaimedTask, TaskOutcome]]) -> int:
-    recorded = 0
-    for task, o in batch:
-        recorded += queue.finish(
-            tx, task.batch_id, task.task_id, status=o.status, result=o.result, error=o.error,
-            execution_time_ms=o.execution_time_ms,
-        )  # fmt: skip
-    return recorded
 
 
 def _read_exactly(stream: Any, n: int) -> bytes:
@@ -149,7 +100,6 @@ async def _work(payload: WorkerPayload, config: EvalConfig) -> None:
         )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.run)
-            nursery.start_soon(worker.record_outcomes)
             # a byte on stdin: tasks were queued; end of stdin: the parent wants us to stop (or is gone)
             stdin = cast(io.BufferedReader, sys.stdin.buffer)
             while await trio.to_thread.run_sync(stdin.read1, 4096, abandon_on_cancel=True):

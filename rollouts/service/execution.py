@@ -16,7 +16,8 @@ import importlib
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rollouts.config import BaseModelConfig
@@ -31,11 +32,13 @@ __all__ = [
     "BUILTIN_SCORERS",
     "ENVIRONMENTS",
     "TaskOutcome",
+    "TaskSetting",
     "endpoint_from_spec",
     "resolve_environment",
     "resolve_score",
     "run_task",
     "task_messages",
+    "task_setting",
 ]
 
 # Environments a batch may name (tools that touch the worker's files or network are opt-in by
@@ -145,26 +148,36 @@ def _scrub_json(data: dict[str, Any], secrets: tuple[str, ...]) -> dict[str, Any
     return json.loads(_scrub(text, secrets) or "{}")  # type: ignore[no-any-return]
 
 
-async def run_task(
-    task_input: Mapping[str, Any],
-    task_id: str,
+# The input of the task being run (set by run_task in its trio task): a batch's one EvalConfig
+# prepares every task's messages from it.
+_TASK_INPUT: ContextVar[Mapping[str, Any]] = ContextVar("rollouts_service_task_input")
+
+
+@dataclass(frozen=True)
+class TaskSetting:
+    """What every task of a batch shares, made once per batch (not per task): the EvalConfig
+    (endpoint, score function, environment, max turns, the batch's system prompt, the per-task
+    time limit) and the secrets to scrub from what is stored."""
+
+    config: EvalConfig
+    secrets: tuple[str, ...]
+
+
+def task_setting(
     *,
     endpoint: Endpoint,
     system_prompt: str,
     max_turns: int,
     time_limit_s: float,
-    timeout_reason: str,
     score_fn: Callable[[Sample], Any] | None = None,
     environment_factory: Callable[[], Any] | None = None,
     provider_error_retries: int = 2,
-) -> TaskOutcome:
-    """Run one task through `evaluate_sample`; never raises for a problem of the task (only
-    cancellation propagates)."""
-    started = time.perf_counter()
-    secrets = (endpoint.api_key,) if len(endpoint.api_key) >= 4 else ()
+) -> TaskSetting:
+    """The TaskSetting of a batch; `time_limit_s` is its per-task limit (a task given less time,
+    near the batch deadline, runs with a copy)."""
 
     def prepare(row: Row) -> list[Message]:
-        return task_messages(task_input, system_prompt)
+        return task_messages(_TASK_INPUT.get(), system_prompt)
 
     config = EvalConfig(
         endpoint=endpoint,
@@ -179,11 +192,32 @@ async def run_task(
         show_progress=False,
         eval_name="service",
     )
+    return TaskSetting(config, (endpoint.api_key,) if len(endpoint.api_key) >= 4 else ())
+
+
+async def run_task(
+    task_input: Mapping[str, Any],
+    task_id: str,
+    setting: TaskSetting,
+    *,
+    time_limit_s: float,
+    timeout_reason: str,
+) -> TaskOutcome:
+    """Run one task through `evaluate_sample`; never raises for a problem of the task (only
+    cancellation propagates)."""
+    started = time.perf_counter()
+    secrets = setting.secrets
+    config = setting.config
+    if max(time_limit_s, 0.001) != config.sample_timeout_s:
+        config = replace(config, sample_timeout_s=max(time_limit_s, 0.001))
+    token = _TASK_INPUT.set(task_input)
     try:
         sample = await evaluate_sample(task_row(task_input), task_id, config)
     except AuthenticationError as e:
         ms = int((time.perf_counter() - started) * 1000)
         return TaskOutcome("failed", None, _scrub(f"authentication failed: {e}", secrets), ms)
+    finally:
+        _TASK_INPUT.reset(token)
     ms = int((time.perf_counter() - started) * 1000)
     status = "completed"
     error = sample.error

@@ -29,9 +29,11 @@ __all__ = [
     "FINISHED",
     "CANCEL_CHANNEL",
     "NOTIFY_CHANNEL",
+    "PROGRESS_CHANNEL",
     "BatchSpec",
     "Claim",
     "ClaimedTask",
+    "Outcome",
     "batch_spec",
     "batch_status",
     "cancel_batch",
@@ -39,12 +41,14 @@ __all__ = [
     "claim_tasks",
     "create_batch",
     "finish",
+    "finish_many",
     "get_batch",
     "heartbeat",
     "sweep",
 ]
 
 NOTIFY_CHANNEL = "rollouts_tasks"  # new or requeued tasks
+PROGRESS_CHANNEL = "rollouts_progress"  # the batch (the payload) has no task queued or running left
 CANCEL_CHANNEL = "rollouts_cancel"  # a batch was cancelled: workers check their leases now
 FINISHED = ("completed", "failed", "timeout", "cancelled")
 _SWEEP_LOCK = 4242016
@@ -280,12 +284,15 @@ def claim_tasks(tx: Tx, worker_id: str, limit: int, lease_s: float) -> Claim:
     """`claim`, also saying whether batches at their parallelism still have queued tasks."""
     assert limit > 0 and lease_s > 0
     now = tx.dialect.now
-    # batches with queued work and free slots (few at a time: the index on tasks(status, ...))
+    # batches with queued work and free slots: the live batches (before their deadline), each
+    # probed on the index on tasks(batch_id, status) -- not a DISTINCT over every queued task,
+    # which made each claim cost as much as the queue is long
     open_batches = tx.execute(
         f"SELECT b.id, b.parallelism, b.deadline_at - {now}, "
         "(SELECT COUNT(*) FROM tasks r WHERE r.batch_id = b.id AND r.status = 'running') FROM batches b "
-        "WHERE b.id IN (SELECT DISTINCT batch_id FROM tasks WHERE status = 'queued') "
-        f"AND b.cancelled_at IS NULL AND b.deadline_at > {now} ORDER BY b.created_at LIMIT 64"
+        f"WHERE b.cancelled_at IS NULL AND b.deadline_at > {now} "
+        "AND EXISTS (SELECT 1 FROM tasks q WHERE q.batch_id = b.id AND q.status = 'queued') "
+        "ORDER BY b.created_at LIMIT 64"
     )
     claimed: list[ClaimedTask] = []
     capped = len(open_batches) == 64  # (more batches may have queued work)
@@ -350,7 +357,73 @@ def finish(
             task_id,
         ),
     )
-    return tx.rowcount == 1
+    recorded = tx.rowcount == 1
+    if recorded and tx.dialect.is_postgres:
+        _notify_if_done(tx, batch_id)
+    return recorded
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A task's outcome, for `finish_many`."""
+
+    batch_id: str
+    task_id: str
+    status: str
+    result: Mapping[str, Any] | None
+    error: str | None
+    execution_time_ms: int
+
+
+def finish_many(tx: Tx, outcomes: Sequence[Outcome]) -> int:
+    """`finish` for many tasks in one statement (a worker records what finished together);
+    how many were recorded (those already finished are left as they are)."""
+    if not outcomes:
+        return 0
+    d = tx.dialect
+    cols = "batch_id, task_id, status, result, error, execution_time_ms, reward, tokens, turns, cost_usd"
+    row = (
+        f"(CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS {d.bigint}), "
+        f"CAST(? AS {d.float_type}), CAST(? AS {d.bigint}), CAST(? AS INTEGER), CAST(? AS {d.float_type}))"
+    )
+    params: list[Any] = []
+    for o in outcomes:
+        assert o.status in ("completed", "failed", "timeout"), o.status
+        result = json.dumps(dict(o.result)) if o.result is not None else None
+        params += [
+            o.batch_id,
+            o.task_id,
+            o.status,
+            result,
+            o.error,
+            int(o.execution_time_ms),
+            *result_figures(o.result),
+        ]
+    rows = tx.execute(
+        f"WITH v({cols}) AS (VALUES {', '.join([row] * len(outcomes))}) "
+        "UPDATE tasks SET status = v.status, result = v.result, error = v.error, "
+        f"execution_time_ms = v.execution_time_ms, finished_at = {d.now}, lease_owner = NULL, lease_expires_at = NULL, "
+        "reward = v.reward, tokens = v.tokens, turns = v.turns, cost_usd = v.cost_usd FROM v "
+        "WHERE tasks.batch_id = v.batch_id AND tasks.task_id = v.task_id AND tasks.status IN ('queued', 'running') "
+        "RETURNING tasks.task_id",
+        params,
+    )
+    if rows and d.is_postgres:
+        for batch_id in sorted({o.batch_id for o in outcomes}):
+            _notify_if_done(tx, batch_id)
+    return len(rows)
+
+
+def _notify_if_done(tx: Tx, batch_id: str) -> None:
+    """NOTIFY PROGRESS_CHANNEL (at commit) when the batch has nothing queued or running left, as
+    this transaction sees it: its event streams report `done` at once. (Two workers finishing
+    a batch's last tasks at the same instant may each still see the other's: then the
+    streams' poll finds it.)"""
+    tx.execute(
+        f"SELECT pg_notify('{PROGRESS_CHANNEL}', ?) WHERE NOT EXISTS "
+        "(SELECT 1 FROM tasks WHERE batch_id = ? AND status IN ('queued', 'running'))",
+        (batch_id, batch_id),
+    )
 
 
 def _number(value: Any) -> float | None:

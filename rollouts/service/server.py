@@ -20,6 +20,7 @@ import trio
 
 from rollouts.service import queue
 from rollouts.service.api import ApiLimits, create_app
+from rollouts.service.progress import BatchChanges
 from rollouts.service.store import Store
 
 __all__ = ["DB_ENV", "serve", "worker_command"]
@@ -107,7 +108,9 @@ async def serve(
 
                 jobs = GEPAJobs(store, data_dir=data_dir, lease_s=job_lease_s)
                 nursery.start_soon(jobs.run)
-            app: Any = create_app(store, limits=limits, gepa=jobs)
+            changes = BatchChanges(store)
+            await nursery.start(changes.run)
+            app: Any = create_app(store, limits=limits, gepa=jobs, changes=changes)
             if ui:
                 app = with_ui(app, store, jobs, limits or ApiLimits())
             config = Config()

@@ -176,13 +176,13 @@ def create_ui(
     """The viewer over the service's database with the service pages, behind sign-in (see the
     module docstring). `gepa` (a `GEPAJobs`) is woken when the form starts a job; without it the
     job waits for a server that runs jobs."""
-    catalog = ServiceCatalog(store)
+    catalog = ServiceCatalog(store, gepa_dir=gepa.data_dir if gepa is not None else None)
     nav = (
         ("Batches", f"{prefix}/batches"),
         ("GEPA jobs", f"{prefix}/gepa-jobs"),
         ("Agents", f"{prefix}/agents"),
     )
-    links = ServerLinks(prefix, nav)
+    links = ServerLinks(prefix, nav, show_sessions=False)  # (the service has no sessions)
 
     def page(title: str, body: Markup, status: int = 200) -> HTMLResponse:
         return HTMLResponse(pages.render_page(links, title, str(body)), status_code=status)
@@ -523,7 +523,7 @@ def create_ui(
         Route("/agents/{agent_id}/versions/{version}/promote", html_errors(promote), methods=["POST"]),
     ]
     app: Starlette = create_app(
-        catalog, prefix=prefix, run_indexer=False, live_poll_s=live_poll_s, routes=routes, nav=nav
+        catalog, prefix=prefix, run_indexer=False, live_poll_s=live_poll_s, routes=routes, nav=nav, show_sessions=False
     )
     return _RequireSession(app, store, prefix)
 

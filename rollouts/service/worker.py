@@ -8,10 +8,14 @@ Any number of workers, on any machines that reach the database, share one queue.
 * renews its leases every `lease_s / 3` (one UPDATE for all its tasks) and stops any task it
   no longer holds: cancelled batches, batches past their deadline, leases lost to a pause;
 * runs each task with a time limit of `timeout_per_task_ms`, cut to the batch deadline;
-* records each outcome idempotently (see rollouts.service.queue.finish);
+* records outcomes idempotently (see rollouts.service.queue.finish), those that finish within
+  `record_delay_s` of each other in one transaction (at once when the worker has nothing
+  else running) (the slot is free for the next task at
+  once; an outcome counts as recorded only once that transaction commits);
 * sweeps expired leases back into the queue every `lease_s / 2` (any worker or server may);
 * when the queue is empty, waits for a PostgreSQL NOTIFY (new batch, requeued tasks) or, on
-  SQLite, polls with a backoff capped at `max_poll_s`.
+  SQLite, for a change of the database files (an os.stat every 20 ms: another process
+  committed), with a claim at least every `max_poll_s` (a backoff from 20 ms).
 
 A worker killed with SIGKILL loses nothing: its tasks' leases expire and another worker
 reruns them. Stopping a worker (cancelling `run`) puts its running tasks straight back.
@@ -24,17 +28,23 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from rollouts.dtypes import Endpoint
 from rollouts.errors import RolloutsError
 from rollouts.providers import client_scope
 from rollouts.service import queue
 from rollouts.service.accounts import new_id
-from rollouts.service.execution import TaskOutcome, endpoint_from_spec, resolve_environment, resolve_score, run_task
+from rollouts.service.execution import (
+    TaskOutcome,
+    TaskSetting,
+    endpoint_from_spec,
+    resolve_environment,
+    resolve_score,
+    run_task,
+    task_setting,
+)
 from rollouts.service.queue import BatchSpec, ClaimedTask
 from rollouts.service.store import Store
 
@@ -53,6 +63,14 @@ def _release(tx: Any, worker_id: str, keys: list[tuple[str, str]]) -> None:
         )
 
 
+def _finish_all(tx: Any, batch: list[tuple[ClaimedTask, TaskOutcome]]) -> int:
+    """Record outcomes in one statement (each idempotently); how many were recorded."""
+    return queue.finish_many(
+        tx,
+        [queue.Outcome(t.batch_id, t.task_id, o.status, o.result, o.error, o.execution_time_ms) for t, o in batch],
+    )
+
+
 class Worker:
     """Runs tasks from the store's queue (see the module docstring)."""
 
@@ -66,6 +84,8 @@ class Worker:
         max_attempts: int = 3,
         max_poll_s: float = 1.0,
         claim_batch: int = 32,
+        record_delay_s: float = 0.05,
+        record_batch: int = 256,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -78,14 +98,21 @@ class Worker:
         self.max_attempts = max_attempts
         self.max_poll_s = max_poll_s
         self.claim_batch = claim_batch
+        self.record_delay_s = record_delay_s
+        self.record_batch = record_batch
         self.completed = 0  # outcomes this worker recorded
+        self._outcomes: list[tuple[ClaimedTask, TaskOutcome]] = []  # finished, not yet written
+        self._outcome_ready = trio.Event()
+        self._batch_full = trio.Event()
         self._running: dict[tuple[str, str], trio.CancelScope] = {}
         self._unsettled: list[tuple[str, str]] = []
         self._idle = trio.Event()
         self._idle.set()
         self._specs: dict[str, BatchSpec] = {}
+        self._settings: dict[str, TaskSetting] = {}  # per batch: made at its first task
         self._wake = trio.Event()
         self._drained = False
+        self._capped = False  # the last claim left tasks queued for their batch's parallelism
         self._beat_now = trio.Event()
         self._stop_listen = threading.Event()
 
@@ -97,16 +124,20 @@ class Worker:
             async with client_scope(), trio.open_nursery() as nursery:
                 nursery.start_soon(self._heartbeat_loop)
                 nursery.start_soon(self._sweep_loop)
+                nursery.start_soon(self._record_loop)
                 if self.store.is_postgres:
-                    nursery.start_soon(self._listen)
+                    await nursery.start(self._listen)  # (listening before the first claim: no NOTIFY missed)
                 task_status.started()
                 await self._claim_loop(nursery)
         finally:
             self._stop_listen.set()
-            keys = list(self._running) + self._unsettled
-            if keys:
-                with trio.CancelScope(shield=True):
-                    await self.store.call(_release, self.worker_id, keys)
+            with trio.CancelScope(shield=True):
+                try:
+                    await self._write_outcomes()  # finished before the stop: recorded, not rerun
+                finally:
+                    keys = list(self._running) + self._unsettled + [(t.batch_id, t.task_id) for t, _ in self._outcomes]
+                    if keys:
+                        await self.store.call(_release, self.worker_id, keys)
 
     @property
     def running(self) -> int:
@@ -114,8 +145,8 @@ class Worker:
         return len(self._running)
 
     async def wait_idle(self) -> None:
-        """Return when no task is running (at once if none is)."""
-        while self._running:
+        """Return when no task is running and every finished one is recorded (at once if so)."""
+        while self._running or self._outcomes:
             await self._idle.wait()
 
     def _work_arrived(self) -> None:
@@ -134,10 +165,39 @@ class Worker:
             await self._wake.wait()
         self._wake = trio.Event()
 
+    async def _sleep_until_changed(self, at_most_s: float, every_s: float = 0.02) -> None:
+        """SQLite has no NOTIFY: sleep until woken, until the database files change (another
+        process committed: new tasks may be queued; an os.stat of the file and its WAL every
+        `every_s`, no query), or `at_most_s`."""
+        path = self.store.db.sqlite_path
+        assert path is not None
+
+        def files() -> list[tuple[int, int] | None]:
+            out: list[tuple[int, int] | None] = []
+            for name in (str(path), f"{path}-wal"):
+                try:
+                    st = os.stat(name)  # (microseconds: not worth a thread)
+                except FileNotFoundError:
+                    out.append(None)
+                else:
+                    out.append((st.st_mtime_ns, st.st_size))
+            return out
+
+        before = files()
+        with trio.move_on_after(at_most_s):
+            while not self._wake.is_set():
+                with trio.move_on_after(every_s):
+                    await self._wake.wait()
+                if files() != before:
+                    break
+        self._wake = trio.Event()
+
     async def _claim_loop(self, nursery: trio.Nursery) -> None:
         idle_poll = 0.02
         # Claim several tasks per transaction: wait for this many free slots while tasks run.
-        min_claim = max(1, min(self.claim_batch, self.concurrency // 8))
+        # (a quarter of the slots: each claim is a transaction, and workers sharing a machine
+        # have few slots each -- claiming every slot or two cost more than the tasks' rows)
+        min_claim = max(1, min(self.claim_batch, self.concurrency // 4))
         while True:
             free = self.concurrency - len(self._running)
             if free < (min_claim if self._running else 1):
@@ -146,6 +206,7 @@ class Worker:
             want = min(free, self.claim_batch)
             got = await self.store.call(queue.claim_tasks, self.worker_id, want, self.lease_s)
             claimed = got.tasks
+            self._capped = got.capped
             self._drained = len(claimed) < want and not got.capped
             if claimed and self._idle.is_set():
                 self._idle = trio.Event()
@@ -157,9 +218,46 @@ class Worker:
                 idle_poll = 0.02
                 if not self._drained:
                     continue
-            # the queue is empty: a NOTIFY (PostgreSQL), a sweep or the poll timer wakes us
-            await self._sleep_until_woken(idle_poll if not self.store.is_postgres else self.max_poll_s)
+            # the queue is empty: a NOTIFY (PostgreSQL), a sweep or the poll timer wakes us;
+            # on SQLite also a commit by any process (the database files change)
+            if self.store.is_postgres:
+                await self._sleep_until_woken(self.max_poll_s)
+            else:
+                await self._sleep_until_changed(idle_poll)
             idle_poll = min(idle_poll * 2, self.max_poll_s)
+
+    async def _record_loop(self) -> None:
+        """Write finished outcomes: those that finish within `record_delay_s` of the first, up to
+        `record_batch`, in one transaction (what is left when the worker stops is written by `run`)."""
+        while True:
+            await self._outcome_ready.wait()
+            if len(self._outcomes) < self.record_batch:
+                with trio.move_on_after(self.record_delay_s):
+                    await self._batch_full.wait()
+            self._outcome_ready = trio.Event()
+            self._batch_full = trio.Event()
+            await self._write_outcomes()
+
+    def _outcome(self, task: ClaimedTask, outcome: TaskOutcome) -> None:
+        self._outcomes.append((task, outcome))
+        self._outcome_ready.set()
+        if len(self._outcomes) >= self.record_batch or self._capped or len(self._running) <= 1:
+            # (capped: queued tasks wait for a batch's running ones to end in the database;
+            # nothing else running: no other outcome is coming soon)
+            self._batch_full.set()
+
+    async def _write_outcomes(self) -> None:
+        while self._outcomes:
+            batch = self._outcomes[: self.record_batch]
+            self.completed += await self.store.call(_finish_all, batch)  # (raises: still in _outcomes)
+            del self._outcomes[: len(batch)]
+            self._slot_freed()  # (a batch at its parallelism has free slots now)
+            await self._recorded(len(batch))
+        if not self._running:
+            self._idle.set()
+
+    async def _recorded(self, count: int) -> None:
+        """Called after each transaction that wrote `count` outcomes (a hook for subclasses)."""
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -183,9 +281,10 @@ class Worker:
                 self._work_arrived()
             await trio.sleep(max(self.lease_s / 2, 0.05))
 
-    async def _listen(self) -> None:
+    async def _listen(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Wake the claim loop on new work, and renew leases at once on a cancellation (so the
-        cancelled tasks stop now), on NOTIFY (a thread blocks on a dedicated connection)."""
+        cancelled tasks stop now), on NOTIFY (a thread blocks on a dedicated connection).
+        Started once it listens: work queued before that is found by the first claim."""
         token = trio.lowlevel.current_trio_token()
 
         def listen() -> None:
@@ -193,6 +292,7 @@ class Worker:
             try:
                 conn.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
                 conn.execute(f"LISTEN {queue.CANCEL_CHANNEL}")
+                trio.from_thread.run_sync(task_status.started, trio_token=token)
                 while not self._stop_listen.is_set():
                     for note in conn.notifies(timeout=0.5, stop_after=1):
                         react = self._beat_now.set if note.channel == queue.CANCEL_CHANNEL else self._work_arrived
@@ -219,30 +319,18 @@ class Worker:
 
     async def _run_one(self, task: ClaimedTask, scope: trio.CancelScope, claimed_at: float) -> None:
         key = (task.batch_id, task.task_id)
-        settled = False  # recorded, or given up because it is not ours any more
+        settled = False  # handed to the record loop, or given up because it is not ours any more
         try:
             with scope:
                 outcome = await self._execute(task, claimed_at)
-            if scope.cancelled_caught:
-                settled = True
-                return  # not ours any more: whoever has it records it
-            with trio.CancelScope(shield=True):
-                settled = True
-                if await self.store.call(
-                    queue.finish,
-                    task.batch_id,
-                    task.task_id,
-                    status=outcome.status,
-                    result=outcome.result,
-                    error=outcome.error,
-                    execution_time_ms=outcome.execution_time_ms,
-                ):
-                    self.completed += 1
+            settled = True
+            if not scope.cancelled_caught:  # (cancelled: not ours any more, whoever has it records it)
+                self._outcome(task, outcome)
         finally:
             self._running.pop(key, None)
             if not settled:
                 self._unsettled.append(key)  # the worker is stopping: put it back in the queue
-            if not self._running:
+            if not self._running and not self._outcomes:
                 self._idle.set()
             self._slot_freed()
 
@@ -254,21 +342,21 @@ class Worker:
         limit, reason = (
             (per_task, "timeout_per_task_ms") if per_task <= to_deadline else (to_deadline, "batch deadline")
         )
-        try:
-            endpoint: Endpoint = endpoint_from_spec(spec.endpoint, spec.config.get("model"))
-            score_fn = resolve_score(spec.config.get("score"))
-            env_factory: Callable[[], Any] | None = resolve_environment(spec.environment)
-        except (RolloutsError, ValueError, TypeError) as e:
-            ms = int((time.perf_counter() - started) * 1000)
-            return TaskOutcome("failed", None, f"cannot run the agent on this worker: {e}", ms)
-        return await run_task(
-            task.input,
-            task.task_id,
-            endpoint=endpoint,
-            system_prompt=spec.system_prompt,
-            max_turns=spec.max_turns,
-            time_limit_s=limit,
-            timeout_reason=reason,
-            score_fn=score_fn,
-            environment_factory=env_factory,
-        )
+        setting = self._settings.get(task.batch_id)
+        if setting is None:
+            try:
+                setting = task_setting(
+                    endpoint=endpoint_from_spec(spec.endpoint, spec.config.get("model")),
+                    system_prompt=spec.system_prompt,
+                    max_turns=spec.max_turns,
+                    time_limit_s=per_task,
+                    score_fn=resolve_score(spec.config.get("score")),
+                    environment_factory=resolve_environment(spec.environment),
+                )
+            except (RolloutsError, ValueError, TypeError) as e:
+                ms = int((time.perf_counter() - started) * 1000)
+                return TaskOutcome("failed", None, f"cannot run the agent on this worker: {e}", ms)
+            self._settings[task.batch_id] = setting
+            if len(self._settings) > 64:
+                self._settings.pop(next(iter(self._settings)))
+        return await run_task(task.input, task.task_id, setting, time_limit_s=limit, timeout_reason=reason)

@@ -10,9 +10,20 @@ database catalog from the rollout service. Needs the `view` extra (starlette, ji
 hypercorn).
 """
 
+from rollouts.view._gepa_files import read_reflections
 from rollouts.view.app import create_app
 from rollouts.view.catalog import Catalog, NotFound, Page, SampleQuery, SessionQuery
 from rollouts.view.files import FilesCatalog
 from rollouts.view.server import serve
 
-__all__ = ["Catalog", "FilesCatalog", "NotFound", "Page", "SampleQuery", "SessionQuery", "create_app", "serve"]
+__all__ = [
+    "Catalog",
+    "FilesCatalog",
+    "NotFound",
+    "Page",
+    "SampleQuery",
+    "SessionQuery",
+    "create_app",
+    "read_reflections",
+    "serve",
+]

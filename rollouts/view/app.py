@@ -122,6 +122,7 @@ def create_app(
     live_poll_s: float = LIVE_POLL_S,
     routes: Sequence[BaseRoute] = (),
     nav: Sequence[tuple[str, str]] = (),
+    show_sessions: bool = True,
 ) -> Starlette:
     """The viewer over `catalog`. `prefix` is where it is mounted (links include it);
     `run_indexer` starts `catalog.run_indexer` (if it has one) for the app's lifetime.
@@ -129,8 +130,9 @@ def create_app(
     `routes` and `nav` are the seam for a host: the rollout service adds its pages (batches
     with live progress, the GEPA jobs form, agent versions with promote) as more routes, and
     their (label, url) to the top navigation; `pages.render_page` renders them in the same
-    layout."""
-    links = ServerLinks(prefix, tuple(nav))
+    layout; `show_sessions=False` (a catalog without sessions) leaves Sessions out of the navigation
+    and the index."""
+    links = ServerLinks(prefix, tuple(nav), show_sessions=show_sessions)
     pages.compile_templates()
 
     def html(render: Callable[[Request], Awaitable[str]]) -> Callable[[Request], Awaitable[Response]]:

@@ -29,9 +29,10 @@ class ServerLinks:
 
     static_bundle = False
 
-    def __init__(self, prefix: str = "", nav: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(self, prefix: str = "", nav: tuple[tuple[str, str], ...] = (), *, show_sessions: bool = True) -> None:
         self.prefix = prefix.rstrip("/")
         self.nav = nav  # (label, url) of pages a host app adds (the service: batches, GEPA jobs, agents)
+        self.show_sessions = show_sessions  # False: the catalog has no sessions (the service): no link to them
 
     def _u(self, path: str) -> str:
         return self.prefix + path
@@ -82,6 +83,7 @@ class BundleLinks:
 
     static_bundle = True
     nav: tuple[tuple[str, str], ...] = ()
+    show_sessions = True
 
     def __init__(
         self, current: str, *, sessions: set[str] | None = None, samples: set[tuple[str, str]] | None = None

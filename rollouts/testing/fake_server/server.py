@@ -341,8 +341,10 @@ class FakeServer:
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         return RecordedRequest(head.method.decode(), parts.path, query, headers, parsed, bytes(body))
 
-    async def _send(self, conn: h11.Connection, stream: trio.SocketStream, event: Any) -> None:
-        data = conn.send(event)
+    async def _send(self, conn: h11.Connection, stream: trio.SocketStream, *events: Any) -> None:
+        """Send h11 events in one write (a response's head, body and end go out together when
+        nothing is meant to come between them: one syscall instead of one per event)."""
+        data = b"".join(conn.send(event) or b"" for event in events)
         if data:
             await stream.send_all(data)
 
@@ -357,9 +359,9 @@ class FakeServer:
         payload = json.dumps(body).encode()
         headers = [("content-type", "application/json"), ("content-length", str(len(payload)))]
         headers += list((extra or {}).items())
-        await self._send(conn, stream, h11.Response(status_code=status, headers=headers))
-        await self._send(conn, stream, h11.Data(data=payload))
-        await self._send(conn, stream, h11.EndOfMessage())
+        await self._send(
+            conn, stream, h11.Response(status_code=status, headers=headers), h11.Data(data=payload), h11.EndOfMessage()
+        )
 
     async def _respond(self, conn: h11.Connection, stream: trio.SocketStream, request: RecordedRequest) -> bool:
         """Answer one request; False means the connection must be closed."""
@@ -443,10 +445,15 @@ class FakeServer:
         events = rendered
         headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
         headers += list(turn.headers.items())
-        await self._send(conn, stream, h11.Response(status_code=200, headers=headers))
+        head = h11.Response(status_code=200, headers=headers)
         cut = turn.drop_after if turn.drop_after is not None else turn.truncate_after
         if turn.end_after is not None:
             events = events[: turn.end_after]
+        if cut is None and turn.event_delay <= 0:  # nothing between the events: one chunk, one write
+            await self._send(conn, stream, head, h11.Data(data=b"".join(events)), h11.EndOfMessage())
+            self.completed_streams += 1
+            return True
+        await self._send(conn, stream, head)
         for n, ev in enumerate(events):
             if cut is not None and n == cut:
                 if turn.truncate_after is not None:

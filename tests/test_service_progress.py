@@ -1,0 +1,127 @@
+"""When the service looks again, on trio's virtual clock: a batch's event stream
+(rollouts.service.api.progress_stream, rollouts.service.progress.BatchChanges), and an idle
+SQLite worker (no NOTIFY: it watches the database files)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+
+from rollouts.service import accounts
+from rollouts.service.api import progress_stream
+from rollouts.service.progress import BatchChanges
+from rollouts.service.store import Store
+from rollouts.service.worker import Worker
+
+
+class _Store:
+    is_postgres = False
+
+
+def _states(pendings: list[int]) -> tuple[list[float], Any]:
+    polled: list[float] = []
+    it = iter(pendings)
+
+    async def poll() -> dict[str, Any]:
+        polled.append(trio.current_time())
+        return {"progress": {"pending": next(it)}}
+
+    return polled, poll
+
+
+async def _drain(stream: Any) -> list[bytes]:
+    return [event async for event in stream]
+
+
+async def test_without_notifications_the_stream_looks_sooner_when_the_end_is_due(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 10 s between polls; 100 -> 60 pending in the first 10 s (4/s): the last 60 are due in 15 s,
+    # so the next look is at half that, and so on (at the average rate since the first look).
+    polled, poll = _states([100, 60, 30, 14, 0])
+    t0 = trio.current_time()
+    events = await _drain(
+        progress_stream(
+            poll,
+            lambda s: s["progress"]["pending"] == 0,
+            10.0,
+            min_gap_s=1.0,
+            pending=lambda s: s["progress"]["pending"],
+        )
+    )
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise([t0, *polled])][1:]
+    assert gaps == [10.0, 7.5, 3.75, 1.73]  # (86 in 21.25 s: 14 due in 3.46 s)
+    assert events[-1].startswith(b"event: done") and len(events) == 5
+
+
+async def test_a_look_that_sees_no_progress_keeps_the_average_rate(autojump_clock: trio.testing.MockClock) -> None:
+    # (outcomes are written in bursts: one look may see the same count as the one before)
+    polled, poll = _states([100, 60, 60, 60, 0])
+    await _drain(
+        progress_stream(
+            poll,
+            lambda s: s["progress"]["pending"] == 0,
+            10.0,
+            min_gap_s=1.0,
+            pending=lambda s: s["progress"]["pending"],
+        )
+    )
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(polled)]
+    assert gaps == [10.0, 7.5, 10.0, 10.0]  # 40 in 17.5 s: 60 due in 26 s, beyond the poll
+
+
+async def test_without_a_pending_count_the_stream_polls_at_its_pace(autojump_clock: trio.testing.MockClock) -> None:
+    polled, poll = _states([100, 60, 30, 0])
+    await _drain(progress_stream(poll, lambda s: s["progress"]["pending"] == 0, 10.0))
+    assert [round(b - a, 3) for a, b in itertools.pairwise(polled)] == [10.0, 10.0, 10.0]
+
+
+async def test_batch_changes_wait_returns_at_once_for_a_change_already_seen(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    changes = BatchChanges(_Store())  # type: ignore[arg-type]
+    seen = changes.version("b1")
+    changes._changed("b1")  # (what the listener does on a NOTIFY)
+    t0 = trio.current_time()
+    await changes.wait("b1", seen, 100.0)  # changed since `seen`: no wait
+    assert trio.current_time() == t0
+    await changes.wait("b2", changes.version("b2"), 100.0)  # no change: the timeout
+    assert trio.current_time() == t0 + 100.0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(changes.wait, "b1", changes.version("b1"), 100.0)
+        await trio.sleep(1.0)
+        changes._changed("b1")  # wakes the waiter
+    assert trio.current_time() == t0 + 101.0
+
+
+async def test_an_idle_sqlite_worker_wakes_when_another_process_commits(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Without NOTIFY, an idle worker looks again when the database files change (another
+    process committed: a new batch, say), not at its next poll (10 minutes away here)."""
+    store = await Store.open(f"sqlite:///{tmp_path / 'q.db'}")
+    other = Store(f"sqlite:///{tmp_path / 'q.db'}")  # (another process's connection)
+    try:
+        worker = Worker(store, max_poll_s=600.0)
+        woke: list[float] = []
+
+        async def idle() -> None:
+            await worker._sleep_until_changed(600.0)
+            woke.append(trio.current_time())
+
+        t0 = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(idle)
+            await trio.sleep(5.0)
+            assert woke == []  # nothing changed: still asleep
+            other.call_sync(accounts.ensure_workspace, "w")  # a commit
+        assert woke and woke[0] - t0 < 5.1
+        await worker._sleep_until_changed(30.0)  # no change: the poll
+        assert trio.current_time() - woke[0] >= 30.0
+    finally:
+        other.close()
+        store.close()
