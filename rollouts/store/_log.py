@@ -43,7 +43,7 @@ ENV_KEY = "environment_state"
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 _TAIL_CHUNK = 1 << 16
-_CHUNK = 200  # lines parsed at a time when reading a log (about 80 KB)
+_CHUNK = 1 << 16  # bytes of lines parsed at a time when reading a log
 
 
 def encode_message(message: Message, environment_state: Mapping[str, Any] | None = None) -> bytes:
@@ -321,8 +321,9 @@ def _corrupt(path: Path, lineno: int, why: str) -> SessionCorruptError:
     )
 
 
-def _bad_line(path: Path, lines: list[bytes], first: int) -> SessionCorruptError:
-    """The error naming the first of `lines` (numbered from `first`) that is not valid JSON."""
+def _bad_line(path: Path, chunk: bytes, first: int) -> SessionCorruptError:
+    """The error naming the first line of `chunk` (numbered from `first`) that is not valid JSON."""
+    lines = chunk[:-1].split(b"\n")
     for i, line in enumerate(lines, first):
         try:
             json.loads(line)
@@ -332,22 +333,25 @@ def _bad_line(path: Path, lines: list[bytes], first: int) -> SessionCorruptError
 
 
 def _record_chunks(path: Path, body: bytes) -> Iterator[tuple[int, list[Any]]]:
-    """Every line of `body` parsed, `_CHUNK` lines at a time: (the number of the chunk's first
-    line, its records). Each chunk is one `json.loads` of a JSON array (several times faster
-    than line by line; a line never holds a raw newline), and is small enough to stay in the
-    CPU's cache while its records become objects, where one array of the whole log would be
-    parsed, then read again from memory. On an error, the first bad line is named."""
-    lines = body.split(b"\n")
-    lines.pop()  # after the last newline: nothing (the body is complete lines)
-    for start in range(0, len(lines), _CHUNK):
-        chunk = lines[start : start + _CHUNK]
+    """Every line of `body` (complete lines) parsed, about `_CHUNK` bytes of lines at a time:
+    (the number of the chunk's first line, its records). Each chunk is one `json.loads` of a
+    JSON array (several times faster than line by line; a line never holds a raw newline), and
+    is small enough to stay in the CPU's cache while its records become objects, where one
+    array of the whole log would be parsed, then read again from memory. On an error, the
+    first bad line is named."""
+    start, lineno, size = 0, 1, len(body)
+    while start < size:
+        end = body.index(b"\n", min(start + _CHUNK, size - 1)) + 1  # the end of a line
+        chunk = body[start:end]
+        lines = chunk.count(b"\n")
         try:
-            records = json.loads(b"[" + b",".join(chunk) + b"]")
+            records = json.loads(b"[" + chunk[:-1].replace(b"\n", b",") + b"]")
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise _bad_line(path, chunk, start + 1) from None
-        if len(records) != len(chunk):  # a line holding several values, e.g. `1, 2`
-            raise _bad_line(path, chunk, start + 1)
-        yield start + 1, records
+            raise _bad_line(path, chunk, lineno) from None
+        if len(records) != lines:  # a line holding several values, e.g. `1, 2`
+            raise _bad_line(path, chunk, lineno)
+        yield lineno, records
+        start, lineno = end, lineno + lines
 
 
 def read_log(path: Path, limit: int | None = None) -> LogContents:
