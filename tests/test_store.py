@@ -524,11 +524,14 @@ async def test_item19_loaded_messages_are_frozen_and_the_collector_is_left_as_it
     with pytest.raises(TypeError, match="read-only"):
         call.arguments["value"] = 2  # type: ignore[index]
 
-    # the loaded objects go to the collector's oldest generation, not its youngest
+    # a big log's objects go to the collector's oldest generation, not its youngest
     assert gc.isenabled()
-    _, got = store._get_sync(s.session_id)
-    young = {id(o) for o in gc.get_objects(0)}
+    big = await store.create(endpoint=EP)
+    await store.append_messages(big.session_id, _conversation(3000))
+    _, got = store._get_sync(big.session_id)
+    young = {id(o) for o in gc.get_objects(0)} | {id(o) for o in gc.get_objects(1)}
     assert gc.is_tracked(got[1]) and id(got[1]) not in young and gc.isenabled() and gc.get_freeze_count() == 0
+    assert any(o is got[1] for o in gc.get_objects(2))
     # objects the process froze itself stay frozen (in no generation); a disabled collector stays disabled
     marker: list[object] = [object()]
     gc.freeze()

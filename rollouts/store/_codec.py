@@ -161,29 +161,33 @@ def message_from_dict(data: dict[str, Any]) -> Message:
     return message
 
 
+_PROMOTE_AFTER = 10_000  # allocations (a log of about 2,000 messages); smaller loads are left to the collector
+
+
 @contextlib.contextmanager
 def paused_gc() -> Iterator[None]:
-    """The cyclic garbage collector paused while a log is turned into objects, which are then
-    handed to its oldest generation.
+    """The cyclic garbage collector paused while a log is turned into objects; a big log's
+    objects are then handed to its oldest generation.
 
     Loading creates tens of thousands of objects that all stay alive, so every collection the
     allocations trigger scans a growing heap and frees nothing: with the collector running,
     decoding a 10,000-message log took about 1.7x as long. Paused, the objects pile up in the
     youngest generation, and the first collection after it is resumed would scan all of them
     at once (about 10 ms for 10,000 messages, as long as the rest of the decoding), then again
-    as they pass through the middle generation, to free nothing. So on the way out the young
-    objects are moved to the oldest generation (`gc.freeze()` then `gc.unfreeze()`: two list
-    splices), where the next full collection examines them like any long-lived data. The
-    objects moved are those made since the last collection: the log's, and whatever else was
-    allocated meanwhile, whose cyclic garbage, if any, waits for that full collection too.
-    Skipped if the process holds frozen objects of its own (`gc.get_freeze_count()`), which
+    as they pass through the middle generation, to free nothing. So after a big load (more than
+    `_PROMOTE_AFTER` allocations) the young objects are moved to the oldest generation
+    (`gc.freeze()` then `gc.unfreeze()`: two list splices), where the next full collection
+    examines them like any long-lived data. The objects moved are those made since the last
+    collection: the log's, and the few thousand at most that the rest of the process made
+    meanwhile, whose cyclic garbage, if any, waits for that full collection too. Skipped if
+    the process holds frozen objects of its own (`gc.get_freeze_count()`), which
     `gc.unfreeze()` would release. The collector is resumed (if it was enabled) whatever
     happens; reference counting frees memory meanwhile as always."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
-        if was_enabled and gc.get_freeze_count() == 0:
+        if was_enabled and gc.get_count()[0] > _PROMOTE_AFTER and gc.get_freeze_count() == 0:
             gc.freeze()
             gc.unfreeze()
     finally:
