@@ -344,6 +344,16 @@ ContentBlock: TypeAlias = TextContent | ThinkingContent | ToolCallContent | Imag
 _BLOCK_CLASSES = (TextContent, ThinkingContent, ToolCallContent, ImageContent)
 
 
+_BLOCK_TYPE_SET = frozenset(_BLOCK_CLASSES)
+
+
+def _content_error(content: object) -> str:
+    return (
+        f'Message.content must be a str ("" for no text) or a tuple of content blocks '
+        f"(TextContent, ThinkingContent, ToolCallContent, ImageContent), got {_describe(content)}"
+    )
+
+
 def _describe(value: object) -> str:
     if isinstance(value, tuple):
         bad = next((b for b in value if not isinstance(b, _BLOCK_CLASSES)), None)
@@ -425,14 +435,15 @@ class Message:
             if isinstance(content, list):
                 content = tuple(content)
                 object.__setattr__(self, "content", content)
-            if not isinstance(content, tuple) or not all(isinstance(b, _BLOCK_CLASSES) for b in content):
-                raise TypeError(
-                    f'Message.content must be a str ("" for no text) or a tuple of content blocks '
-                    f"(TextContent, ThinkingContent, ToolCallContent, ImageContent), got {_describe(content)}"
-                )
+            if not isinstance(content, tuple):
+                raise TypeError(_content_error(content))
+            for b in content:  # a loop, not all(...): messages are made (and loaded) by the thousand
+                if type(b) not in _BLOCK_TYPE_SET and not isinstance(b, _BLOCK_CLASSES):
+                    raise TypeError(_content_error(content))
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs tool_call_id")
-        if self.details is not None:
+        details = self.details
+        if details is not None and type(details) is not FrozenDict:
             _freeze_field(self, "details", optional=True)
 
     @classmethod

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-__all__ = ["FrozenDict", "FrozenList", "freeze", "thaw"]
+__all__ = ["FrozenDict", "FrozenList", "freeze", "freeze_json", "thaw"]
 
 
 def _read_only(self: object, *args: Any, **kwargs: Any) -> NoReturn:
@@ -133,6 +133,36 @@ def freeze(value: Any) -> Any:
         items = tuple(freeze(v) for v in value)
         return value if all(a is b for a, b in zip(items, value, strict=True)) else items
     return value
+
+
+_new_dict = dict.__new__
+_new_list = list.__new__
+_dict_update = dict.update
+_dict_set = dict.__setitem__
+_list_extend = list.extend
+
+
+def freeze_json(value: Any) -> Any:
+    """`freeze(value)` for data just parsed by `json.loads` (plain dicts, lists and scalars, not
+    used elsewhere), about 3x faster: the same FrozenDict and FrozenList, filled directly
+    instead of through their generic constructors. Any other value goes through `freeze`."""
+    t = type(value)
+    if t is dict:
+        out = _new_dict(FrozenDict)
+        _dict_update(out, value)
+        for key, item in value.items():
+            ti = type(item)
+            if ti is dict or ti is list:
+                _dict_set(out, key, freeze_json(item))
+        return out
+    if t is list:
+        items = _new_list(FrozenList)
+        _list_extend(items, [freeze_json(v) if type(v) in _CONTAINERS else v for v in value])
+        return items
+    return value if t in _SCALARS else freeze(value)
+
+
+_CONTAINERS = (dict, list)
 
 
 def thaw(value: Any) -> Any:

@@ -462,3 +462,103 @@ async def test_item19_appends_write_on_the_loop_and_only_the_fsync_goes_to_a_thr
         assert hops == expected, every
         monkeypatch.setattr(trio.to_thread, "run_sync", real)
         assert len((await store.get(sid))[1]) == 10
+
+
+async def test_item19_a_log_is_read_in_chunks_with_exact_messages_and_bad_lines_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_log, "_CHUNK", 700)  # a few lines per chunk: every case crosses chunk boundaries
+    store = FileSessionStore(tmp_path, fsync_every=0)
+    msgs = _conversation(60)
+    s = await store.create(endpoint=EP, environment_state={"step": 0})
+    for start in range(0, 60, 7):  # snapshots at known positions, inside and across chunks
+        await store.append_messages(
+            s.session_id, msgs[start : start + 7], environment_state={"step": min(start + 7, 60)}
+        )
+    session, got = await store.get(s.session_id)
+    assert list(got) == msgs and session.environment_state == {"step": 60}
+    assert (await store.messages(s.session_id, 23)) == msgs[:23]
+    # a branch at 23 restores the state recorded at 21 (the last one at or before it)
+    assert (await store.branch(s.session_id, 23)).environment_state == {"step": 21}
+
+    log = tmp_path / s.session_id / "messages.jsonl"
+    good = log.read_bytes()
+    lines = good.split(b"\n")
+    assert len(good) > 10 * _log._CHUNK
+    for lineno, bad, error in (
+        (2, b"", r":2: not valid JSON"),  # an empty line
+        (40, b'{"role": "user", "content": "x"', r":40: not valid JSON"),
+        (41, b'{"role": "user", "content": "x"}, {"role": "user", "content": "y"}', r":41: not valid JSON"),
+        (len(lines) - 1, b"[1, 2]", rf":{len(lines) - 1}: not a JSON object"),
+        (33, b'{"role": "wizard", "content": "x"}', r":33: not a valid message \(Message\.role must be one of"),
+        (34, b'{"note": 1}', r":34: not a message or an environment snapshot"),
+    ):
+        damaged = list(lines)
+        damaged[lineno - 1] = bad
+        log.write_bytes(b"\n".join(damaged))
+        with pytest.raises(SessionCorruptError, match=r"messages\.jsonl" + error):
+            await store.get(s.session_id)
+    log.write_bytes(good)
+    assert list((await store.get(s.session_id))[1]) == msgs
+
+
+async def test_item19_loaded_messages_are_frozen_and_the_collector_is_left_as_it_was(tmp_path: Path) -> None:
+    import gc
+
+    from rollouts.frozen import FrozenDict, FrozenList
+
+    store = FileSessionStore(tmp_path, fsync_every=0)
+    nested = Message("tool", "r", tool_call_id="c", details={"tool_name": "t", "result": {"rows": [[1, {"a": 2}]]}})
+    msgs = [*_conversation(8), nested]
+    s = await store.create(endpoint=EP)
+    await store.append_messages(s.session_id, msgs)
+    got = (await store.get(s.session_id))[1]
+    assert list(got) == msgs
+    result = got[-1].details["result"]  # type: ignore[index]
+    assert type(got[-1].details) is FrozenDict and type(result) is FrozenDict
+    assert type(result["rows"]) is FrozenList and type(result["rows"][0][1]) is FrozenDict
+    with pytest.raises(TypeError, match="read-only"):
+        result["rows"][0].append(3)
+    call = got[1].blocks[2]
+    assert isinstance(call, ToolCallContent) and type(call.arguments) is FrozenDict
+    with pytest.raises(TypeError, match="read-only"):
+        call.arguments["value"] = 2  # type: ignore[index]
+
+    # a big log's objects go to the collector's oldest generation, not its youngest
+    assert gc.isenabled()
+    big = await store.create(endpoint=EP)
+    await store.append_messages(big.session_id, _conversation(3000))
+    _, got = store._get_sync(big.session_id)
+    young = {id(o) for o in gc.get_objects(0)} | {id(o) for o in gc.get_objects(1)}
+    assert gc.is_tracked(got[1]) and id(got[1]) not in young and gc.isenabled() and gc.get_freeze_count() == 0
+    assert any(o is got[1] for o in gc.get_objects(2))
+    # objects the process froze itself stay frozen (in no generation); a disabled collector stays disabled
+    marker: list[object] = [object()]
+    gc.freeze()
+    try:
+        assert list(store._get_sync(s.session_id)[1]) == msgs and gc.get_freeze_count() > 0
+        assert not any(o is marker for o in gc.get_objects())
+    finally:
+        gc.unfreeze()
+    gc.disable()
+    try:
+        assert list(store._get_sync(s.session_id)[1]) == msgs and not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_item19_freeze_json_makes_what_freeze_makes() -> None:
+    from rollouts.frozen import freeze, freeze_json
+
+    for value in ({"a": [1, {"b": [2.5, None, True]}], "c": {}}, [], [[{}]], {"x": "y"}, "s", 3, None):
+        fast, slow = freeze_json(json.loads(json.dumps(value))), freeze(json.loads(json.dumps(value)))
+        assert fast == slow == value and repr(fast) == repr(slow)
+
+        def types(v: object) -> object:
+            if isinstance(v, dict):
+                return (type(v), {k: types(x) for k, x in v.items()})
+            if isinstance(v, list):
+                return (type(v), [types(x) for x in v])
+            return type(v)
+
+        assert types(fast) == types(slow)

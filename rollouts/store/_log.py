@@ -27,7 +27,7 @@ import json
 import os
 import secrets
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ ENV_KEY = "environment_state"
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 _TAIL_CHUNK = 1 << 16
+_CHUNK = 1 << 16  # bytes of lines parsed at a time when reading a log
 
 
 def encode_message(message: Message, environment_state: Mapping[str, Any] | None = None) -> bytes:
@@ -320,22 +321,37 @@ def _corrupt(path: Path, lineno: int, why: str) -> SessionCorruptError:
     )
 
 
-def _records(path: Path, body: bytes) -> list[Any]:
-    """Every line parsed, in one `json.loads` of a JSON array (several times faster than line by
-    line; a line never holds a raw newline). On an error, the first bad line is named."""
-    if not body:
-        return []
-    try:
-        records = json.loads(b"[" + body[:-1].replace(b"\n", b",") + b"]")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        for i, line in enumerate(body[:-1].split(b"\n")):
-            try:
-                json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise _corrupt(path, i + 1, f"not valid JSON ({e})") from None
-        raise
-    assert isinstance(records, list) and len(records) == body.count(b"\n")
-    return records
+def _bad_line(path: Path, chunk: bytes, first: int) -> SessionCorruptError:
+    """The error naming the first line of `chunk` (numbered from `first`) that is not valid JSON."""
+    lines = chunk[:-1].split(b"\n")
+    for i, line in enumerate(lines, first):
+        try:
+            json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return _corrupt(path, i, f"not valid JSON ({e})")
+    return _corrupt(path, first, f"the {len(lines)} lines from here are not valid JSON together")
+
+
+def _record_chunks(path: Path, body: bytes) -> Iterator[tuple[int, list[Any]]]:
+    """Every line of `body` (complete lines) parsed, about `_CHUNK` bytes of lines at a time:
+    (the number of the chunk's first line, its records). Each chunk is one `json.loads` of a
+    JSON array (several times faster than line by line; a line never holds a raw newline), and
+    is small enough to stay in the CPU's cache while its records become objects, where one
+    array of the whole log would be parsed, then read again from memory. On an error, the
+    first bad line is named."""
+    start, lineno, size = 0, 1, len(body)
+    while start < size:
+        end = body.index(b"\n", min(start + _CHUNK, size - 1)) + 1  # the end of a line
+        chunk = body[start:end]
+        lines = chunk.count(b"\n")
+        try:
+            records = json.loads(b"[" + chunk[:-1].replace(b"\n", b",") + b"]")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise _bad_line(path, chunk, lineno) from None
+        if len(records) != lines:  # a line holding several values, e.g. `1, 2`
+            raise _bad_line(path, chunk, lineno)
+        yield lineno, records
+        start, lineno = end, lineno + lines
 
 
 def read_log(path: Path, limit: int | None = None) -> LogContents:
@@ -347,23 +363,24 @@ def read_log(path: Path, limit: int | None = None) -> LogContents:
     env: dict[str, Any] | None = None
     env_at: int | None = None
     with paused_gc():
-        for i, record in enumerate(_records(path, body)):
-            if type(record) is not dict:
-                raise _corrupt(path, i + 1, "not a JSON object")
-            if "role" in record:
-                state = record.pop(ENV_KEY, None)
-                try:
-                    messages.append(message_from_dict(record))
-                except (KeyError, TypeError, ValueError) as e:
-                    raise _corrupt(path, i + 1, f"not a valid message ({e})") from None
-            elif ENV_KEY in record and len(record) == 1:
-                state = record[ENV_KEY]
-            else:
-                raise _corrupt(path, i + 1, "not a message or an environment snapshot")
-            if state is not None:
-                if type(state) is not dict:
-                    raise _corrupt(path, i + 1, "an environment state that is not a JSON object")
-                env, env_at = state, len(messages)  # positions only grow along the file
+        for first, records in _record_chunks(path, body):
+            for i, record in enumerate(records, first):
+                if type(record) is not dict:
+                    raise _corrupt(path, i, "not a JSON object")
+                if "role" in record:
+                    state = record.pop(ENV_KEY, None)
+                    try:
+                        messages.append(message_from_dict(record))
+                    except (KeyError, TypeError, ValueError) as e:
+                        raise _corrupt(path, i, f"not a valid message ({e})") from None
+                elif ENV_KEY in record and len(record) == 1:
+                    state = record[ENV_KEY]
+                else:
+                    raise _corrupt(path, i, "not a message or an environment snapshot")
+                if state is not None:
+                    if type(state) is not dict:
+                        raise _corrupt(path, i, "an environment state that is not a JSON object")
+                    env, env_at = state, len(messages)  # positions only grow along the file
     return LogContents(messages, env, env_at)
 
 
