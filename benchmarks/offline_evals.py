@@ -162,15 +162,27 @@ def write_table(rows: list[dict[str, Any]], extra: dict[str, Any], path: Path) -
             f"| {r['model']} | {names[r['dataset']]} | {r['n']} | {r['score']:.2f} | {r['samples_per_s']:.2f} | "
             f"{r['gen_tok_per_s']:.1f} |"
         )
+    load = extra.get("load_average")
+    if load:
+        lines += ["", f"Load average when the run ended: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (1, 5, 15 min); "
+                  "samples/s and tokens/s fall with load, scores do not (beyond the note below)."]  # fmt: skip
     lines += ["", f"`rollouts demo`: {extra.get('demo_s', '-')} s (first run: model assembly included).", ""]
     if "gepa_heldout_best" in extra:
         lines += [
             f"GEPA with {extra['gepa_model']} as both task and reflection model on BFCL simple: "
             f"{extra['gepa_metric_calls']} metric calls (budget {extra['gepa_budget']}), "
-            f"{extra['gepa_candidates']} candidates; held-out ({extra['gepa_heldout_n']} items) "
+            f"{extra['gepa_candidates']} candidate(s); held-out ({extra['gepa_heldout_n']} items) "
             f"{extra['gepa_heldout_seed']:.2f} with the seed prompt, {extra['gepa_heldout_best']:.2f} with the best.",
             "",
         ]
+        if extra["gepa_candidates"] == 1:
+            lines += [
+                "No proposed prompt beat its parent on the minibatch it was tried on, so the best prompt is the "
+                "seed: the two held-out figures are two runs of the same prompt. They can differ because "
+                "llama.cpp's batched decoding (4 requests in flight) is not bit-reproducible across batch "
+                "compositions, even at temperature 0.",
+                "",
+            ]
     path.write_text("\n".join(lines))
 
 
@@ -210,6 +222,7 @@ def main() -> None:
         args.bfcl_n, args.humaneval_n, args.calc_n, args.gepa_budget = 3, 2, 2, 0
     figures = trio.run(main_async, args)
     figures["demo_s"] = None if args.no_demo else round(time_demo(args.fresh_cache), 1)
+    figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
     if not args.no_write:
         write_table(figures["rows"], figures, ROOT / "docs" / "local-models.md")
     rows = figures.pop("rows")
