@@ -86,9 +86,13 @@ def test_using_one_provider_never_imports_the_other_sdks() -> None:
         "trio.run(run_agent, AgentState(Actor(Trajectory((Message('user', 'q'),)), m.endpoint)), RunConfig())\n"
         "get_provider_function('openai', 'gpt-4o')\n"
         "print(sorted(k for k in ('anthropic', 'openai', 'google.genai') if k in sys.modules))\n"
+        "from rollouts.providers.openai_chat import _make_sdk_client\n"
+        "_make_sdk_client(Endpoint('openai', 'gpt-4o'), 'k')\n"
+        "print(sorted(k for k in ('anthropic', 'openai', 'google.genai') if k in sys.modules))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT, timeout=120,
         env={"PYTHONPATH": str(ROOT), "PATH": ""},
     ).stdout  # fmt: skip
-    assert out.strip() == "['openai']"
+    # the openai SDK is imported when its first client is made (the lean HTTP path never needs it)
+    assert out.split() == ["[]", "['openai']"]

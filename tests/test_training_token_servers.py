@@ -169,8 +169,9 @@ async def test_embedded_llamacpp_returns_token_ids_and_logprobs_consistent_with_
         assert all(math.isfinite(lp) and lp <= 0 for lp in rec.logprobs)
         text = await tok.decode(rec.completion_ids)
         message = traj.messages[c.message_index]
-        if c.finish_reason != "max_tokens":
-            assert text.endswith("<|im_end|>")
+        # the model either ended its turn or ran into max_tokens (a reply cut there can still hold
+        # a whole tool call, and then its finish_reason is tool_use, not max_tokens)
+        assert text.endswith("<|im_end|>") or len(rec.completion_ids) == endpoint.max_tokens, text
         # the message is the sampled text (tool calls written as JSON became tool calls)
         visible = text.removesuffix("<|im_end|>")
         assert message.text in visible

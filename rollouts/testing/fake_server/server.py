@@ -395,6 +395,20 @@ class FakeServer:
             if self.in_flight == 0:
                 self._idle.set()
 
+    @staticmethod
+    async def _peer_closed_within(conn: h11.Connection, stream: trio.SocketStream, seconds: float) -> bool:
+        """Wait `seconds`, watching the connection: True as soon as the client closes it (a real
+        server notices a client that hangs up while it prepares the response; our reply would
+        otherwise go out in one write the kernel accepts even after the peer closed). Bytes that
+        arrive meanwhile are handed to h11 for the next request."""
+        with trio.move_on_after(seconds):
+            while True:
+                data = await stream.receive_some(65536)
+                if not data:
+                    return True
+                conn.receive_data(data)
+        return False
+
     async def _respond_scripted(
         self, conn: h11.Connection, stream: trio.SocketStream, request: RecordedRequest, fmt: WireFormat
     ) -> bool:
@@ -405,7 +419,10 @@ class FakeServer:
             await self._send_json(conn, stream, 418, fmt.error_body(418, str(e), "script_exhausted"))
             return True
         delay = self.latency_s + turn.first_byte_delay
-        if delay > 0:
+        if turn.first_byte_delay > 0:
+            if await self._peer_closed_within(conn, stream, delay):
+                return False  # the client went away while we "thought": nothing is sent
+        elif delay > 0:
             await trio.sleep(delay)
         if turn.close_without_response:
             return False
