@@ -43,6 +43,16 @@ def test_prompt_fences_text_that_contains_fences_with_a_longer_fence() -> None:
     assert extract_new_text("Sure:\n````\n" + text + "\n````") == text
 
 
+def test_a_json_answer_naming_the_component_gives_its_text() -> None:
+    answer = 'Here:\n```json\n{\n  "system_prompt": "Be a calculator.\\nUse digits."\n}\n```'
+    assert extract_new_text(answer, "system_prompt") == "Be a calculator.\nUse digits."
+    # without the component, under another key, or not a ```json block: the fenced text as it is
+    assert extract_new_text(answer).startswith('{\n  "system_prompt"')
+    assert extract_new_text(answer, "other").startswith('{\n  "system_prompt"')
+    plain = '```\n{"system_prompt": "x"}\n```'
+    assert extract_new_text(plain, "system_prompt") == '{"system_prompt": "x"}'
+
+
 def test_markers_inside_the_text_or_examples_are_not_replaced() -> None:
     text = "Mention <examples> literally."
     prompt = build_reflection_prompt(text, [{"Feedback": "said <current_text>"}])

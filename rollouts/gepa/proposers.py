@@ -305,10 +305,10 @@ class Proposer:
         if answer is None:
             answer = await call_reflection_model(self.reflection_endpoint, prompt)
             try:
-                new_text = extract_new_text(answer)
+                new_text = extract_new_text(answer, component)
             finally:
                 self.journal.record(key, iteration=iteration, component=component, prompt=prompt, answer=answer)
         else:
-            new_text = extract_new_text(answer)
+            new_text = extract_new_text(answer, component)
         await self._on_reflection(iteration, component, current, new_text)
         return new_text

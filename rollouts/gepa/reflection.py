@@ -12,6 +12,7 @@ answer's fenced block is the new text; an answer without one is an error that sa
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -110,10 +111,12 @@ _FENCE = re.compile(r"`{3,}")
 _LANG_TAG = re.compile(r"[A-Za-z0-9_+.-]{1,20}\n")
 
 
-def extract_new_text(answer: str) -> str:
+def extract_new_text(answer: str, component: str | None = None) -> str:
     """The new text: what is between the first fence of the answer and the last fence of the
     same length (so fenced code inside the text survives), without a language tag such as
-    "```markdown" and without surrounding blank lines.
+    "```markdown" and without surrounding blank lines. A ```json block holding one object with
+    one string value under the component's name (`{"system_prompt": "..."}`, as small models
+    sometimes answer) gives that string.
 
     Raises ReflectionParseError, with the start of the answer, when the answer has no fence,
     opens one it never closes (often: cut off by max_tokens), or fences nothing."""
@@ -141,6 +144,15 @@ def extract_new_text(answer: str) -> str:
     text = body.strip("\n")
     if not text.strip():
         raise ReflectionParseError(f"the reflection answer's fenced block is empty (answer: {preview!r})")
+    if tag is not None and tag.group(0).strip().lower() == "json" and component is not None:
+        try:
+            wrapped = json.loads(text)
+        except ValueError:
+            return text
+        if isinstance(wrapped, dict) and list(wrapped) == [component] and isinstance(wrapped[component], str):
+            inner: str = wrapped[component].strip("\n")
+            if inner.strip():
+                return inner
     return text
 
 
