@@ -16,7 +16,6 @@ there is no notification between processes: `wait` returns after its timeout.
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 
 import trio
@@ -35,7 +34,6 @@ class BatchChanges:
         self._waiting: dict[str, trio.Event] = {}
         self._versions: OrderedDict[str, int] = OrderedDict()  # changes seen, of the last `remember` batches
         self._remember = remember
-        self._stop = threading.Event()
 
     @property
     def notified(self) -> bool:
@@ -70,24 +68,8 @@ class BatchChanges:
         if not self.notified:
             task_status.started()
             return
-        token = trio.lowlevel.current_trio_token()
-
-        def listen() -> None:
-            conn = self.store.db.connect()
-            try:
-                conn.execute(f"LISTEN {queue.PROGRESS_CHANNEL}")
-                conn.execute(f"LISTEN {queue.CANCEL_CHANNEL}")
-                trio.from_thread.run_sync(task_status.started, trio_token=token)
-                while not self._stop.is_set():
-                    for note in conn.notifies(timeout=0.5, stop_after=1):
-                        try:
-                            trio.from_thread.run_sync(self._changed, note.payload, trio_token=token)
-                        except trio.RunFinishedError:
-                            return
-            finally:
-                conn.close()
-
-        try:
-            await trio.to_thread.run_sync(listen, abandon_on_cancel=True)
-        finally:
-            self._stop.set()
+        await self.store.listen(
+            (queue.PROGRESS_CHANNEL, queue.CANCEL_CHANNEL),
+            lambda channel, batch_id: self._changed(batch_id),
+            task_status=task_status,
+        )

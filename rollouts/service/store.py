@@ -11,7 +11,8 @@ CapacityLimiter as large as the connection pool. The SQL lives in `accounts`, `q
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from typing import Concatenate, ParamSpec, TypeVar
 
 import trio
@@ -58,6 +59,40 @@ class Store:
         return await trio.to_thread.run_sync(
             lambda: self.db.run(lambda tx: fn(tx, *args, **kwargs), write=False), limiter=self._limiter
         )
+
+    async def listen(
+        self,
+        channels: Sequence[str],
+        on_note: Callable[[str, str], object],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """PostgreSQL: LISTEN to `channels` on a dedicated connection (a thread blocked in the
+        driver) and call `on_note(channel, payload)` on the trio loop for each notification,
+        until cancelled. Started once listening, so nothing notified after `start` is missed."""
+        assert self.is_postgres, "LISTEN/NOTIFY is PostgreSQL's"
+        token = trio.lowlevel.current_trio_token()
+        stop = threading.Event()
+
+        def listen() -> None:
+            conn = self.db.connect()
+            try:
+                for channel in channels:
+                    conn.execute(f"LISTEN {channel}")
+                trio.from_thread.run_sync(task_status.started, trio_token=token)
+                while not stop.is_set():
+                    for note in conn.notifies(timeout=0.5, stop_after=1):
+                        try:
+                            trio.from_thread.run_sync(on_note, note.channel, note.payload, trio_token=token)
+                        except trio.RunFinishedError:
+                            return
+            finally:
+                conn.close()
+
+        try:
+            await trio.to_thread.run_sync(listen, abandon_on_cancel=True)
+        finally:
+            stop.set()  # the abandoned thread ends within its 0.5 s wait
 
     def call_sync(self, fn: Callable[Concatenate[Tx, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`fn` in one transaction, in this thread (for the CLI's one-shot commands)."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 from typing import Any
 
@@ -114,7 +113,6 @@ class Worker:
         self._drained = False
         self._capped = False  # the last claim left tasks queued for their batch's parallelism
         self._beat_now = trio.Event()
-        self._stop_listen = threading.Event()
 
     # ---- the loops ------------------------------------------------------------------------------
 
@@ -130,7 +128,6 @@ class Worker:
                 task_status.started()
                 await self._claim_loop(nursery)
         finally:
-            self._stop_listen.set()
             with trio.CancelScope(shield=True):
                 try:
                     await self._write_outcomes()  # finished before the stop: recorded, not rerun
@@ -285,25 +282,14 @@ class Worker:
         """Wake the claim loop on new work, and renew leases at once on a cancellation (so the
         cancelled tasks stop now), on NOTIFY (a thread blocks on a dedicated connection).
         Started once it listens: work queued before that is found by the first claim."""
-        token = trio.lowlevel.current_trio_token()
 
-        def listen() -> None:
-            conn = self.store.db.connect()
-            try:
-                conn.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
-                conn.execute(f"LISTEN {queue.CANCEL_CHANNEL}")
-                trio.from_thread.run_sync(task_status.started, trio_token=token)
-                while not self._stop_listen.is_set():
-                    for note in conn.notifies(timeout=0.5, stop_after=1):
-                        react = self._beat_now.set if note.channel == queue.CANCEL_CHANNEL else self._work_arrived
-                        try:
-                            trio.from_thread.run_sync(react, trio_token=token)
-                        except trio.RunFinishedError:
-                            return
-            finally:
-                conn.close()
+        def react(channel: str, payload: str) -> None:
+            if channel == queue.CANCEL_CHANNEL:
+                self._beat_now.set()
+            else:
+                self._work_arrived()
 
-        await trio.to_thread.run_sync(listen, abandon_on_cancel=True)
+        await self.store.listen((queue.NOTIFY_CHANNEL, queue.CANCEL_CHANNEL), react, task_status=task_status)
 
     # ---- one task -------------------------------------------------------------------------------
 
