@@ -129,7 +129,7 @@ def calculator_score(sample: Sample) -> Score:
     """1.0 when the run called complete_task with the calculator at the sum, 0.5 when it made at
     least one valid tool call, else 0.0 (the demonstration's messages do not count)."""
     traj = sample.trajectory
-    own = traj.messages[len(DEMO) + 1 :] if traj else ()
+    own = traj.messages[len(multiturn_messages(sample.input)) :] if traj else ()
     calls = [c for m in own for c in m.get_tool_calls()]
     valid = [c for c in calls if c.parse_error is None]
     done = sample.stop_reason == "task_completed"
