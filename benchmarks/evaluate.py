@@ -51,23 +51,6 @@ from rollouts.eval.scorers import combine, exact_match, extract_tag, metric
 # --------------------------------------------------------------------------------------------
 
 
-class _CountedRequests(list):  # type: ignore[type-arg]
-    """The fake server's record of requests, counting them instead of keeping them. Kept, the
-    100,000 requests of the big run (after the 10,000 of the small one and those of the timed
-    runs) grew the server's heap by hundreds of MB, so its collector and its replies slowed down
-    as the runs went on; a slower server holds more of the client's requests open at once, and
-    the client's connection pools scan their connections on every request. So the 100k run met
-    a slower server than the 10k one, and the client's CPU per sample rose with the dataset for
-    a reason outside the client."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def append(self, request: Any) -> None:
-        self.count += 1
-
-
 async def _serve(latency_s: float) -> None:
     from rollouts.testing.fake_server import RecordedRequest, open_fake_server
 
@@ -75,16 +58,22 @@ async def _serve(latency_s: float) -> None:
         content = request.json["messages"][-1]["content"]
         return f"The answer is <answer>{content.rsplit(' ', 1)[-1]}</answer>."
 
-    async with open_fake_server(reply, latency_s=latency_s, chunk_size=8) as srv:
-        srv.requests = _CountedRequests()  # the server serves 130,000 requests here: keep none
+    # keep_requests=False: the server counts requests instead of keeping them. Kept, the 100,000
+    # requests of the big run (after the 10,000 of the small one and those of the timed runs)
+    # grew the server's heap by hundreds of MB, so its collector and its replies slowed down as
+    # the runs went on; a slower server holds more of the client's requests open at once, and
+    # the client's connection pools scan their connections on every request. So the 100k run
+    # met a slower server than the 10k one, and the client's CPU per sample rose with the
+    # dataset for a reason outside the client.
+    async with open_fake_server(reply, latency_s=latency_s, chunk_size=8, keep_requests=False) as srv:
         print(srv.port, flush=True)
         # Run until the parent closes our stdin.
         await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
         stats = {
             "max_in_flight": srv.max_in_flight,
-            "requests": srv.requests.count,
+            "requests": srv.request_count,
             "connections_opened": srv.connections_opened,
-            "cpu_ms_per_request": round(time.process_time() * 1e3 / max(1, srv.requests.count), 3),
+            "cpu_ms_per_request": round(time.process_time() * 1e3 / max(1, srv.request_count), 3),
         }
         print(json.dumps(stats), flush=True)
 

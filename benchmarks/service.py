@@ -7,8 +7,16 @@ worker processes, on SQLite and PostgreSQL; and GEPA through the service vs in-p
 * Service: the API (this process, hypercorn under trio) + W worker processes
   (`rollouts service worker --concurrency C/W`: the same tasks in flight as in-process, split
   between the workers), W in `--workers` (1, 2, 4), one batch of all the tasks, waited for
-  through its event stream. Each database is fresh; PostgreSQL is a
+  through its event stream; `--repeat` runs of each (5, interleaved), the median reported (a
+  1-second run on 2 shared cores swings by 10-20% from one run to the next). Each run has a fresh database; PostgreSQL is a
   throwaway cluster from the system's binaries (`apt-get install -y postgresql`).
+* In flight: 300 by default. Enough that the model's latency is not what limits the rate
+  (each task holds its slot ~100 ms: 50 ms of latency plus its CPU and the queue's round
+  trips, so 300 slots allow ~3,000 tasks/s, above what 2 cores do); with 100 in flight that
+  limit was ~1,000 tasks/s, whatever the number of workers, and the scaling figure measured
+  it. Few enough that tasks wait in the database until near the end, so workers take them as
+  they have room (with 1,000 in flight every task is handed out at the start, and the worker
+  that got less of the CPU finishes alone).
 * CPU: the worker processes' CPU (from /proc), this process's (API + client) and, on
   PostgreSQL, the server processes'. `overhead_ms_per_task` = (service CPU with 1 worker -
   in-process CPU) / tasks: what the service adds per task, database included.
@@ -19,7 +27,7 @@ worker processes, on SQLite and PostgreSQL; and GEPA through the service vs in-p
   in-process optimize() vs optimize() with the ServiceAdapter: best scores and budget.
 
 Run: python benchmarks/service.py [--tasks 1000] [--latency 0.05] [--workers 1,2,4]
-     [--dbs sqlite,postgresql] [--concurrency 100] [--no-gepa]
+     [--dbs sqlite,postgresql] [--concurrency 300] [--repeat 5] [--no-gepa]
 Last line: JSON with tasks_per_s_inprocess, tasks_per_s_service_w1/_w2/_w4,
 overhead_ms_per_task, db (the database of those figures: PostgreSQL when measured), the same per
 database under "by_db", and gepa_best_service / gepa_best_inprocess / gepa_budget_ok.
@@ -85,7 +93,9 @@ async def _serve(latency_s: float) -> None:
             return str(rules.task_model(system, {"a": int(m.group(1)), "op": m.group(2), "b": int(m.group(3))}))
         return f"The answer is <answer>{text.rsplit(' ', 1)[-1]}</answer>."
 
-    async with open_fake_server(reply, latency_s=latency_s, chunk_size=8) as srv:
+    # (keep_requests=False: a server that kept the ~13,000 requests of a run would grow its heap,
+    # and its collector's work, as the runs go on: later runs would meet a slower provider)
+    async with open_fake_server(reply, latency_s=latency_s, chunk_size=8, keep_requests=False) as srv:
         print(srv.port, flush=True)
         await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
 
@@ -361,6 +371,11 @@ async def run_gepa(db_url: str, base_url: str, budget: int) -> dict[str, Any]:
 # ---- main ---------------------------------------------------------------------------------------
 
 
+def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The run with the median throughput (its CPU figures with it: one consistent run)."""
+    return sorted(runs, key=lambda r: r["tasks_per_s"])[len(runs) // 2]
+
+
 def _fresh_db(kind: str, tmp: Path, pg: Any, n: int) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp / f'bench-{n}.db'}"
@@ -378,9 +393,12 @@ async def main() -> None:
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument(
-        "--concurrency", type=int, default=100, help="tasks in flight: in-process, and over all the workers"
+        "--concurrency", type=int, default=300, help="tasks in flight: in-process, and over all the workers"
     )
     parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="runs per database and worker count (the median run is reported)"
+    )
     parser.add_argument("--dbs", default="sqlite,postgresql")
     parser.add_argument("--gepa-budget", type=int, default=200)
     parser.add_argument("--no-gepa", action="store_true")
@@ -417,24 +435,30 @@ async def main() -> None:
                 pg_root = tempfile.mkdtemp(prefix="rollouts-bench-pg-")  # (the postgres user must reach it)
                 pg = TemporaryPostgres(pg_root).start()
             res: dict[str, Any] = {}
+            runs_by_w: dict[int, list[dict[str, float]]] = {w: [] for w in workers}
+            for _ in range(args.repeat):  # (interleaved: w1, w2, w4, w1, ...: a drift meets them all)
+                for w in workers:
+                    counter += 1
+                    runs_by_w[w].append(
+                        await run_service(
+                            _fresh_db(kind, tmp, pg, counter),  # (a fresh database each time)
+                            provider,
+                            args.tasks,
+                            w,
+                            -(-args.concurrency // w),  # the same tasks in flight in total, split
+                            pg.data if kind == "postgresql" else None,
+                        )
+                    )
             for w in workers:
-                counter += 1
-                db_url = _fresh_db(kind, tmp, pg, counter)
-                per_worker = -(-args.concurrency // w)  # the same tasks in flight in total, split
-                r = await run_service(
-                    db_url,
-                    provider,
-                    args.tasks,
-                    w,
-                    per_worker,
-                    pg.data if kind == "postgresql" else None,
-                )
+                runs = runs_by_w[w]
+                r = _median_run(runs)
                 print(
                     f"{kind} w{w}: {r['tasks_per_s']:.0f} tasks/s, CPU/task: workers {r['worker_cpu_ms_per_task']:.2f} ms, "
                     f"API {r['api_cpu_ms_per_task']:.2f} ms, PostgreSQL {r['pg_cpu_ms_per_task']:.2f} ms, "
                     f"fake server {r['fake_server_cpu_ms_per_task']:.2f} ms"
                 )
                 res[f"tasks_per_s_service_w{w}"] = round(r["tasks_per_s"], 1)
+                res[f"tasks_per_s_service_w{w}_runs"] = [round(x["tasks_per_s"], 1) for x in runs]
                 res[f"cpu_ms_per_task_w{w}"] = {  # per process kind: what the 2 cores are spent on
                     part: round(r[f"{part}_cpu_ms_per_task"], 3) for part in ("worker", "api", "pg", "fake_server")
                 }

@@ -163,3 +163,18 @@ async def test_end_after_ends_the_body_cleanly_before_the_stream_finished() -> N
     datas = _data_lines(r.text)
     assert r.status_code == 200 and len(datas) == 3 and "[DONE]" not in datas
     assert all(json.loads(d)["choices"][0]["finish_reason"] is None for d in datas)
+
+
+async def test_keep_requests_false_counts_without_keeping() -> None:
+    """A load run's server keeps no request (its heap does not grow), but still counts every
+    one, scripted or not, and still answers each in turn."""
+    async with open_fake_server(["a", "b"], keep_requests=False) as srv, httpx2.AsyncClient() as client:
+        for expected in ("a", "b"):
+            r = await client.post(f"{srv.base_url}/chat/completions", json={"model": "m", "messages": []})
+            assert r.json()["choices"][0]["message"]["content"] == expected
+        await client.get(f"{srv.base_url}/models")
+        assert srv.request_count == 3
+        assert srv.requests == []
+    async with open_fake_server(["a"]) as srv, httpx2.AsyncClient() as client:
+        await client.post(f"{srv.base_url}/chat/completions", json={"model": "m", "messages": []})
+        assert srv.request_count == 1 and len(srv.requests) == 1

@@ -308,6 +308,42 @@ async def test_a_task_finished_twice_is_recorded_once(db_url: str) -> None:
         store.close()
 
 
+async def test_claims_take_queued_tasks_in_order_within_each_batch_parallelism(db_url: str) -> None:
+    """A claim takes a batch's first queued tasks (seq order), never more than its parallelism
+    running at once, and says when a batch at its parallelism still has queued tasks (capped);
+    a batch whose parallelism is at least its task count is never capped."""
+    store = await Store.open(db_url)
+    try:
+        ws = await store.call(accounts.ensure_workspace, "w")
+        agent = await store.call(accounts.create_agent, ws, "a", accounts.VersionSpec({"model": "openai/x"}))
+
+        async def batch(n: int, parallelism: int) -> str:
+            summary, _ = await store.call(
+                queue.create_batch, workspace_id=ws, agent_id=agent["agent_id"], agent_version=1, system_prompt="",
+                tasks=[(f"t{i}", {"user_message": str(i)}) for i in range(n)], config={}, parallelism=parallelism,
+                timeout_per_task_ms=1000, deadline_s=60,
+            )  # fmt: skip
+            return str(summary["batch_id"])
+
+        wide = await batch(5, 100)  # parallelism >= tasks: never at it
+        got = await store.call(queue.claim_tasks, "w1", 2, 30.0)
+        assert [(t.batch_id, t.task_id) for t in got.tasks] == [(wide, "t0"), (wide, "t1")] and not got.capped
+        assert [t.input["user_message"] for t in got.tasks] == ["0", "1"]
+        got = await store.call(queue.claim_tasks, "w1", 10, 30.0)
+        assert [t.task_id for t in got.tasks] == ["t2", "t3", "t4"] and not got.capped
+        narrow = await batch(5, 2)
+        got = await store.call(queue.claim_tasks, "w2", 10, 30.0)
+        assert [(t.batch_id, t.task_id) for t in got.tasks] == [(narrow, "t0"), (narrow, "t1")] and got.capped
+        got = await store.call(queue.claim_tasks, "w2", 10, 30.0)
+        assert got.tasks == [] and got.capped  # two running: none more until one finishes
+        done = queue.Outcome(narrow, "t0", "completed", {"n": 0}, None, 1)
+        assert await store.call(queue.finish_many, [done]) == 1
+        got = await store.call(queue.claim_tasks, "w2", 10, 30.0)
+        assert [t.task_id for t in got.tasks] == ["t2"] and got.capped
+    finally:
+        store.close()
+
+
 async def test_outcomes_recorded_together_are_each_recorded_once(db_url: str) -> None:
     """finish_many (a worker's outcomes in one statement): a task already finished keeps its
     first result; the others are recorded with their figures; NULL figures stay NULL."""

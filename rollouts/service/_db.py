@@ -47,7 +47,8 @@ class Dialect:
         return self.name == "postgresql"
 
     def sql(self, text: str) -> str:
-        """`text` with `?` placeholders in this driver's style (no literal `?` or `%` in our SQL)."""
+        """`text` with `?` placeholders in this driver's style (no literal `?` or `%` in our SQL,
+        except `%b` in PostgreSQL-only statements: a parameter psycopg sends in binary)."""
         return text.replace("?", "%s") if self.is_postgres else text
 
     @property

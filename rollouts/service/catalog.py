@@ -203,7 +203,7 @@ _RUN_SELECT = (
     "SUM(CASE WHEN t.status IN ('queued', 'running') THEN 1 ELSE 0 END), "
     "SUM(CASE WHEN t.status = 'queued' THEN 1 ELSE 0 END), "
     "AVG({reward}), MAX(t.finished_at) "
-    # the newest batches first (the batches_workspace index), then their tasks (tasks_batch_status)
+    # the newest batches first (the batches_workspace index), then their tasks (tasks_batch_status_seq)
     "FROM (SELECT * FROM batches WHERE workspace_id = ? {where} ORDER BY created_at DESC, id LIMIT ?) b "
     "JOIN agents a ON a.id = b.agent_id LEFT JOIN tasks t ON t.batch_id = b.id "
     "GROUP BY b.id, b.agent_id, b.agent_version, b.task_count, b.cancelled_at, b.created_at, a.name "

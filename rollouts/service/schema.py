@@ -118,6 +118,7 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX IF NOT EXISTS gepa_jobs_workspace ON gepa_jobs(workspace_id, created_at)",
     ],
     # 2: a batch's tasks by status (the claim counts a batch's running tasks; progress counts all)
+    # (replaced by migration 5)
     [
         "CREATE INDEX IF NOT EXISTS tasks_batch_status ON tasks(batch_id, status)",
     ],
@@ -134,6 +135,14 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE tasks ADD COLUMN turns INTEGER",
         "ALTER TABLE tasks ADD COLUMN cost_usd {float}",
         "CREATE INDEX IF NOT EXISTS tasks_batch_reward ON tasks(batch_id, reward)",
+    ],
+    # 5: a claim takes a batch's first queued tasks in order: with (batch_id, status) alone it
+    # read and sorted every queued task of the batch to take 32 (O(queue) per claim, 4 ms with
+    # 5,000 queued on PostgreSQL); (batch_id, status, seq) hands them over in order. It serves
+    # every query the index it replaces served.
+    [
+        "CREATE INDEX IF NOT EXISTS tasks_batch_status_seq ON tasks(batch_id, status, seq)",
+        "DROP INDEX IF EXISTS tasks_batch_status",
     ],
 ]
 

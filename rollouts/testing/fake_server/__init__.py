@@ -38,7 +38,9 @@ A request beyond the end of a list script gets HTTP 418 and is noted in `srv.err
 **Server options** (`open_fake_server(script, ...)`): `chunk_size` (characters per delta,
 default 4), `latency_s` (delay before every scripted response), `send_usage` (False mimics
 servers that never report usage), `interleave_tool_calls` (parallel tool-call deltas
-alternate), `formats` (default: every format in `_registry.FORMATS`), `port`.
+alternate), `formats` (default: every format in `_registry.FORMATS`), `port`, `keep_requests`
+(False: only count them in `srv.request_count`, for load runs whose heap must not grow with
+every request served).
 
 **Inspection.** `srv.base_url` (`http://127.0.0.1:<port>/v1`), `srv.url` (no path),
 `srv.requests` (every `RecordedRequest`: method, path, query, lower-cased headers, parsed JSON

@@ -209,6 +209,7 @@ class FakeServer:
         send_usage: bool = True,
         interleave_tool_calls: bool = False,
         models: Sequence[str] = ("fake-model",),
+        keep_requests: bool = True,
     ) -> None:
         assert chunk_size > 0
         self._fn: TurnFn | None = script if callable(script) else None
@@ -220,6 +221,8 @@ class FakeServer:
         self.interleave_tool_calls = interleave_tool_calls
         self.models = tuple(models)
         self.requests: list[RecordedRequest] = []
+        self.keep_requests = keep_requests
+        self.request_count = 0  # every request, kept or not
         self.errors: list[str] = []
         self.in_flight = 0
         self.max_in_flight = 0
@@ -255,6 +258,11 @@ class FakeServer:
         reqs = self.scripted_requests
         assert reqs, "the fake server has received no scripted request"
         return reqs[-1]
+
+    def _record(self, request: RecordedRequest) -> None:
+        self.request_count += 1
+        if self.keep_requests:
+            self.requests.append(request)
 
     async def wait_idle(self) -> None:
         """Return once no scripted request is in progress (e.g. after a client hung up, the
@@ -367,14 +375,14 @@ class FakeServer:
         """Answer one request; False means the connection must be closed."""
         fmt = self._format_for(request.method, request.path)
         if fmt is None:
-            self.requests.append(request)
+            self._record(request)
             await self._send_json(
                 conn, stream, 404, {"error": {"message": f"no route {request.method} {request.path}"}}
             )
             return True
         static = fmt.static_response(request)
         if static is not None:
-            self.requests.append(request)
+            self._record(request)
             await self._send_json(conn, stream, 200, static)
             return True
 
@@ -383,7 +391,7 @@ class FakeServer:
         request = RecordedRequest(
             request.method, request.path, request.query, request.headers, request.body, request.raw_body, index
         )
-        self.requests.append(request)
+        self._record(request)
         if self.in_flight == 0:
             self._idle = trio.Event()
         self.in_flight += 1
@@ -495,6 +503,7 @@ async def open_fake_server(
     interleave_tool_calls: bool = False,
     models: Sequence[str] = ("fake-model",),
     port: int = 0,
+    keep_requests: bool = True,
 ) -> AsyncIterator[FakeServer]:
     """Start a FakeServer on 127.0.0.1 (a free port unless `port` is given); stopped on exit."""
     server = FakeServer(
@@ -505,6 +514,7 @@ async def open_fake_server(
         send_usage=send_usage,
         interleave_tool_calls=interleave_tool_calls,
         models=models,
+        keep_requests=keep_requests,
     )
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, server.handle_connection, port, host="127.0.0.1"))
