@@ -101,3 +101,39 @@ def test_big_runs_stay_flat_sample_ids_are_compact_and_unique() -> None:
     ok.add(0, "007", explicit=True)  # not an index id
     ok.add(1, "1", explicit=False)
     assert list(ok) == ["007", "1"]
+
+
+def test_running_stats_are_the_same_in_any_order_and_exact() -> None:
+    """evaluate() adds samples as they finish (with workers, in a different order each run):
+    the statistics must not change in their last digits with that order, and stay exact where
+    a naive sum of squares cancels (a large mean, a tiny spread)."""
+    import itertools
+    import math
+    import random
+
+    from rollouts.eval.summary import RunningStats, stats
+
+    rng = random.Random(7)
+    values = [0.1, 0.7, 1.0, 0.0, 0.35, 1e-9, 12.5, 0.3333333333333333, 2.0 / 3.0]
+    seen = set()
+    for _ in range(50):
+        rng.shuffle(values)
+        r = RunningStats()
+        for v in values:
+            r.add(v)
+        d = r.to_dict()
+        seen.add((d["mean"], d["std"], d["min"], d["max"]))
+    assert len(seen) == 1
+    (mean, std, lo, hi) = seen.pop()
+    ref = stats(values)
+    assert (mean, lo, hi) == (ref["mean"], ref["min"], ref["max"]) and math.isclose(std, ref["std"], rel_tol=1e-15)
+    close = [1000.0 + i * 1e-6 for i in range(10)]  # population std: 1e-6 * sqrt(8.25)
+    for order in itertools.islice(itertools.permutations(close), 20):
+        r = RunningStats()
+        for v in order:
+            r.add(v)
+        assert math.isclose(r.to_dict()["std"] or 0.0, 1e-6 * math.sqrt(8.25), rel_tol=1e-6)
+    r = RunningStats()
+    for v in (1.0, math.inf):
+        r.add(v)
+    assert r.to_dict()["mean"] == math.inf and math.isnan(r.to_dict()["std"] or 0.0)

@@ -11,7 +11,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from rollouts.service import accounts
+from rollouts.service import accounts, queue
 from rollouts.service.api import progress_stream
 from rollouts.service.progress import BatchChanges
 from rollouts.service.store import Store
@@ -122,6 +122,62 @@ async def test_an_idle_sqlite_worker_wakes_when_another_process_commits(
         assert woke and woke[0] - t0 < 5.1
         await worker._sleep_until_changed(30.0)  # no change: the poll
         assert trio.current_time() - woke[0] >= 30.0
+    finally:
+        other.close()
+        store.close()
+
+
+async def test_a_sqlite_batch_stream_reports_done_when_another_process_finishes_it(tmp_path: Path) -> None:
+    """On SQLite (no NOTIFY) a batch's event stream learns of the commit that finishes the
+    batch from the database files and reports `done` at once, not at its next poll (10
+    minutes away here). A commit that does not finish it (a claim) is checked and waited past;
+    the result written right after it -- while the stream was busy checking -- is not missed.
+    (The real clock: the stream reads the database in threads, which a virtual clock would
+    jump past.)"""
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    store = await Store.open(url)
+    other = Store(url)  # (a worker process's connection)
+    try:
+        ws = other.call_sync(accounts.ensure_workspace, "w")
+        agent = other.call_sync(accounts.create_agent, ws, "a", accounts.VersionSpec({"model": "openai/x"}))
+        summary, _ = other.call_sync(
+            queue.create_batch, workspace_id=ws, agent_id=agent["agent_id"], agent_version=1, system_prompt="",
+            tasks=[("t0", {"user_message": "hi"}), ("t1", {"user_message": "hi"})], config={}, parallelism=2,
+            timeout_per_task_ms=1000, deadline_s=3600,
+        )  # fmt: skip
+        bid = summary["batch_id"]
+        changes = BatchChanges(store)
+        events: list[bytes] = []
+        done = trio.Event()
+
+        async def poll() -> dict[str, Any] | None:
+            batch = await store.read(queue.get_batch, ws, bid, 0, 0)
+            return None if batch is None else {"progress": batch["progress"]}
+
+        async def follow() -> None:
+            async for event in progress_stream(
+                poll, lambda s: s["progress"]["pending"] == 0, 600.0, changes=(changes, bid),
+                pending=lambda s: s["progress"]["pending"], finished=lambda: store.read(queue.batch_finished, bid),
+            ):  # fmt: skip
+                events.append(event)
+            done.set()
+
+        with trio.fail_after(60):  # (the poll alone would take 600 s)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(changes.run)
+                nursery.start_soon(follow)
+                await trio.sleep(0.3)
+                claimed = other.call_sync(queue.claim, "w1", 2, 30.0)  # a change that does not finish it
+                await trio.sleep(0.3)
+                assert not done.is_set() and len(events) == 1  # (the first progress event)
+                for task in claimed:  # two commits in a row: the second lands while the first is checked
+                    outcome = queue.Outcome(task.batch_id, task.task_id, "completed", {"n": 1}, None, 1)
+                    other.call_sync(queue.finish_many, [outcome])
+                    await trio.sleep(0.01)
+                await done.wait()
+                nursery.cancel_scope.cancel()
+        assert events[-1].startswith(b"event: done") and b'"pending":0' in events[-1]
+        assert not changes._waiting  # nothing left watched for
     finally:
         other.close()
         store.close()

@@ -124,8 +124,11 @@ def _worker(args: argparse.Namespace) -> int:
         store = await Store.open(_db_url(args), max_connections=4)
         try:
             worker = Worker(store, concurrency=args.concurrency, lease_s=args.lease)
-            print(f"worker {worker.worker_id} ready ({args.concurrency} tasks at once)", file=sys.stderr, flush=True)
-            await worker.run()
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)  # (warmed up and listening: ready for its first task)
+                print(
+                    f"worker {worker.worker_id} ready ({args.concurrency} tasks at once)", file=sys.stderr, flush=True
+                )
         finally:
             store.close()
 

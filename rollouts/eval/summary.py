@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from fractions import Fraction
 from typing import Any
 
 from rollouts.dtypes import Usage
@@ -62,46 +63,89 @@ def scoring_usage(sample: Sample) -> Usage:
     return usage
 
 
-class RunningStats:
-    """`n`, mean, min, max and population std of a stream of numbers in constant memory
-    (Welford's update; the mean from a compensated sum)."""
+def _add_exact(partials: list[float], x: float) -> None:
+    """Add `x` to the exact sum held in `partials` (non-overlapping floats: Shewchuk's
+    algorithm, what math.fsum does over a whole sequence). The sum they hold is exact, so it
+    is the same whatever order the values came in."""
+    i = 0
+    for y in partials:
+        if abs(x) < abs(y):
+            x, y = y, x
+        hi = x + y
+        lo = y - (hi - x)
+        if lo:
+            partials[i] = lo
+            i += 1
+        x = hi
+    partials[i:] = [x]
 
-    __slots__ = ("_c", "_m2", "_mean", "_sum", "max", "min", "n")
+
+_SPLIT = 134217729.0  # 2**27 + 1 (Veltkamp's split of a double into two halves)
+
+
+def _square(v: float) -> tuple[float, float]:
+    """v*v as hi + lo exactly (Dekker's product)."""
+    hi = v * v
+    t = _SPLIT * v
+    vh = t - (t - v)
+    vl = v - vh
+    return hi, ((vh * vh - hi) + 2.0 * vh * vl) + vl * vl
+
+
+def _exact(partials: list[float]) -> Fraction:
+    return sum(map(Fraction, partials), Fraction(0))
+
+
+class RunningStats:
+    """`n`, mean, min, max and population std of a stream of numbers in constant memory, the
+    same whatever order the numbers come in (evaluate() adds samples as they finish: with
+    workers, in a different order each run; a running update such as Welford's differs in its
+    last digits from one order to another). The sum and the sum of squares are kept exactly
+    (a few floats each, see `_add_exact`, `_square`); the statistics are computed from them
+    exactly and rounded once."""
+
+    __slots__ = ("_nonfinite", "_squares", "_squares_overflow", "_sum", "max", "min", "n")
 
     def __init__(self) -> None:
         self.n = 0
-        self._sum = 0.0
-        self._c = 0.0  # Neumaier compensation of _sum
-        self._mean = 0.0
-        self._m2 = 0.0
+        self._sum: list[float] = []
+        self._squares: list[float] = []
+        self._nonfinite = 0.0  # inf and nan added (then the mean and std are inf or nan)
+        self._squares_overflow = False
         self.min = math.inf
         self.max = -math.inf
 
     def add(self, v: float) -> None:
         self.n += 1
-        t = self._sum + v
-        self._c += (self._sum - t) + v if abs(self._sum) >= abs(v) else (v - t) + self._sum
-        self._sum = t
-        delta = v - self._mean
-        self._mean += delta / self.n
-        self._m2 += delta * (v - self._mean)
+        if not math.isfinite(v):
+            self._nonfinite += v
+        else:
+            _add_exact(self._sum, v)
+            hi, lo = _square(v)
+            if not math.isfinite(hi):  # (a square beyond the floats: the std is too)
+                self._squares_overflow = True
+            else:
+                _add_exact(self._squares, hi)
+                if lo:
+                    _add_exact(self._squares, lo)
         self.min = v if v < self.min else self.min
         self.max = v if v > self.max else self.max
 
     @property
     def total(self) -> float:
-        return self._sum + self._c
+        return math.fsum(self._sum) + self._nonfinite
 
     def to_dict(self) -> dict[str, float | int | None]:
         if self.n == 0:
             return {"n": 0, "mean": None, "min": None, "max": None, "std": None}
-        return {
-            "n": self.n,
-            "mean": self.total / self.n,
-            "min": self.min,
-            "max": self.max,
-            "std": math.sqrt(max(0.0, self._m2 / self.n)),
-        }
+        if self._nonfinite != 0.0 or math.isnan(self._nonfinite):
+            return {"n": self.n, "mean": self.total / self.n, "min": self.min, "max": self.max, "std": math.nan}
+        total = _exact(self._sum)
+        if self._squares_overflow:
+            std = math.inf
+        else:
+            std = math.sqrt(float((_exact(self._squares) - total * total / self.n) / self.n))
+        return {"n": self.n, "mean": float(total / self.n), "min": self.min, "max": self.max, "std": std}
 
 
 class SummaryBuilder:

@@ -87,4 +87,5 @@ def get_provider_function(provider: str, model: str) -> ProviderFn:
 # re-exported here so that nothing outside this package imports its private modules.
 from rollouts.providers._aggregate import MessageBuilder as MessageBuilder  # noqa: E402
 from rollouts.providers._clients import client_scope as client_scope  # noqa: E402
+from rollouts.providers._clients import shared_ssl_context as shared_ssl_context  # noqa: E402
 from rollouts.providers._retry import retry_policy as retry_policy  # noqa: E402

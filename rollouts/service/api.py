@@ -398,14 +398,15 @@ def sse(event: str, data: Mapping[str, Any]) -> bytes:
 async def progress_stream(
     poll: Callable[[], Awaitable[dict[str, Any] | None]], terminal: Callable[[dict[str, Any]], bool], every_s: float,
     keepalive_s: float = 15.0, changes: tuple[BatchChanges, str] | None = None, min_gap_s: float = 0.05,
-    pending: Callable[[dict[str, Any]], int] | None = None,
+    pending: Callable[[dict[str, Any]], int] | None = None, finished: Callable[[], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[bytes]:  # fmt: skip
     """`progress` events whenever `poll()` changes, then one `done` event; a comment line keeps
-    idle connections open. Polls every `every_s`, or sooner: when `changes` (BatchChanges, batch
-    id) says the database notified a change (the batch is done), or, without notifications
-    (SQLite), when the rate at which `pending(state)` has fallen since the first look says the
-    end is due before the next poll (the average rate: outcomes are written in bursts);
-    never twice within `min_gap_s`."""
+    idle connections open. Polls every `every_s`, or sooner: when the rate at which
+    `pending(state)` has fallen since the first look says the end is due before the next poll
+    (the average rate: outcomes are written in bursts); and, with `changes` (BatchChanges, batch
+    id), when the database says the batch changed: at once for a precise change (PostgreSQL:
+    the batch ended), else (SQLite: something was written) when `finished()` says it has
+    ended, asked at most every `min_gap_s`. Never polls twice within `min_gap_s`."""
     last: Any = None
     quiet = 0.0
     first: tuple[float, int] | None = None  # (time, pending) of the first poll
@@ -425,18 +426,27 @@ async def progress_stream(
         elif quiet >= keepalive_s:
             yield b": keepalive\n\n"
             quiet = 0.0
+        wait_s = every_s
+        if pending is not None and (changes is None or not changes[0].precise):
+            left = pending(state)
+            if first is None:
+                first = (polled, left)
+            elif first[1] > left:
+                eta = left * (polled - first[0]) / (first[1] - left)  # at the average rate so far
+                wait_s = min(every_s, max(min_gap_s, eta / 2))
+        until = polled + wait_s
         if changes is None:
-            wait_s = every_s
-            if pending is not None:
-                left = pending(state)
-                if first is None:
-                    first = (polled, left)
-                elif first[1] > left:
-                    eta = left * (polled - first[0]) / (first[1] - left)  # at the average rate so far
-                    wait_s = min(every_s, max(min_gap_s, eta / 2))
-            await trio.sleep(wait_s)
+            await trio.sleep_until(until)
         else:
-            await changes[0].wait(changes[1], seen, max(0.0, polled + every_s - trio.current_time()))
+            board, batch_id = changes
+            while trio.current_time() < until:
+                await board.wait(batch_id, seen, until - trio.current_time())
+                if board.version(batch_id) == seen:
+                    break  # no change: time for the next poll
+                seen = board.version(batch_id)
+                if board.precise or finished is None or await finished():
+                    break
+                await trio.sleep_until(min(until, trio.current_time() + min_gap_s))
             await trio.sleep_until(polled + min_gap_s)
         quiet += trio.current_time() - polled
 
@@ -458,8 +468,9 @@ async def batch_events(ctx: _Ctx, request: Request, ws: str) -> Response:
             poll,
             lambda s: s["progress"]["pending"] == 0,
             ctx.limits.sse_poll_s,
-            changes=(changes, bid) if changes is not None and changes.notified else None,
+            changes=(changes, bid) if changes is not None else None,
             pending=lambda s: int(s["progress"]["pending"]),
+            finished=lambda: ctx.store.read(queue.batch_finished, bid),
         ),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache"},

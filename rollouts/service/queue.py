@@ -295,6 +295,15 @@ class Claim:
     capped: bool
 
 
+def batch_finished(tx: Tx, batch_id: str) -> bool:
+    """Whether the batch has nothing queued or running (one probe of an index: cheap enough to
+    ask whenever the database changes)."""
+    return (
+        tx.one("SELECT 1 FROM tasks WHERE batch_id = ? AND status IN ('queued', 'running') LIMIT 1", (batch_id,))
+        is None
+    )
+
+
 def claim_tasks(tx: Tx, worker_id: str, limit: int, lease_s: float) -> Claim:
     """`claim`, also saying whether batches at their parallelism still have queued tasks."""
     assert limit > 0 and lease_s > 0

@@ -11,6 +11,7 @@ CapacityLimiter as large as the connection pool. The SQL lives in `accounts`, `q
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Concatenate, ParamSpec, TypeVar
@@ -45,6 +46,22 @@ class Store:
     @property
     def is_postgres(self) -> bool:
         return self.db.dialect.is_postgres
+
+    def file_stamp(self) -> tuple[tuple[int, int] | None, ...]:
+        """SQLite: (mtime, size) of the database file and its WAL, which change when any
+        process commits (SQLite has no notifications between processes: this is how a process
+        notices another's commit without a query; an os.stat each, microseconds)."""
+        path = self.db.sqlite_path
+        assert path is not None, "file_stamp is SQLite's"
+        out: list[tuple[int, int] | None] = []
+        for name in (str(path), f"{path}-wal"):
+            try:
+                st = os.stat(name)
+            except FileNotFoundError:
+                out.append(None)
+            else:
+                out.append((st.st_mtime_ns, st.st_size))
+        return tuple(out)
 
     async def call(self, fn: Callable[Concatenate[Tx, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`fn(tx, *args, **kwargs)` in one write transaction, in a worker thread."""

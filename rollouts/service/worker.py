@@ -43,6 +43,7 @@ from rollouts.service.execution import (
     resolve_score,
     run_task,
     task_setting,
+    warm_up,
 )
 from rollouts.service.queue import BatchSpec, ClaimedTask
 from rollouts.service.store import Store
@@ -117,7 +118,9 @@ class Worker:
     # ---- the loops ------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Work until cancelled (then running tasks are put back in the queue)."""
+        """Work until cancelled (then running tasks are put back in the queue). Started (for
+        `nursery.start`) once it is warmed up (see execution.warm_up) and listening."""
+        warm_up()
         try:
             async with client_scope(), trio.open_nursery() as nursery:
                 nursery.start_soon(self._heartbeat_loop)
@@ -166,26 +169,12 @@ class Worker:
         """SQLite has no NOTIFY: sleep until woken, until the database files change (another
         process committed: new tasks may be queued; an os.stat of the file and its WAL every
         `every_s`, no query), or `at_most_s`."""
-        path = self.store.db.sqlite_path
-        assert path is not None
-
-        def files() -> list[tuple[int, int] | None]:
-            out: list[tuple[int, int] | None] = []
-            for name in (str(path), f"{path}-wal"):
-                try:
-                    st = os.stat(name)  # (microseconds: not worth a thread)
-                except FileNotFoundError:
-                    out.append(None)
-                else:
-                    out.append((st.st_mtime_ns, st.st_size))
-            return out
-
-        before = files()
+        before = self.store.file_stamp()
         with trio.move_on_after(at_most_s):
             while not self._wake.is_set():
                 with trio.move_on_after(every_s):
                     await self._wake.wait()
-                if files() != before:
+                if self.store.file_stamp() != before:
                     break
         self._wake = trio.Event()
 
