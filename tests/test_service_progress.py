@@ -181,3 +181,39 @@ async def test_a_sqlite_batch_stream_reports_done_when_another_process_finishes_
     finally:
         other.close()
         store.close()
+
+
+async def test_the_tasks_of_a_claim_read_their_batch_spec_once(autojump_clock: trio.testing.MockClock) -> None:
+    """The tasks of one claim start together: one reads the batch's spec, the others wait for
+    it (each reading it too cost a query per task at every batch's start); a failed read is not
+    cached, and the next task reads it again."""
+    reads: list[str] = []
+    fail = [True]
+
+    class _SpecStore:
+        is_postgres = False
+
+        async def read(self, fn: Any, batch_id: str) -> Any:
+            reads.append(batch_id)
+            await trio.sleep(1.0)
+            if fail[0]:
+                fail[0] = False
+                raise RuntimeError("the database went away")
+            return f"spec of {batch_id}"
+
+    worker = Worker(_SpecStore())  # type: ignore[arg-type]
+    got: list[Any] = []
+
+    async def task() -> None:
+        try:
+            got.append(await worker._spec("b1"))
+        except RuntimeError as e:
+            got.append(e)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(task)
+    # the first read failed: its task saw the error; the others waited, then one read again
+    assert reads == ["b1", "b1"]
+    assert sum(isinstance(g, RuntimeError) for g in got) == 1 and got.count("spec of b1") == 9
+    assert await worker._spec("b1") == "spec of b1" and len(reads) == 2  # cached

@@ -109,6 +109,7 @@ class Worker:
         self._idle = trio.Event()
         self._idle.set()
         self._specs: dict[str, BatchSpec] = {}
+        self._spec_reads: dict[str, trio.Event] = {}  # batches whose spec is being read
         self._settings: dict[str, TaskSetting] = {}  # per batch: made at its first task
         self._wake = trio.Event()
         self._drained = False
@@ -283,13 +284,25 @@ class Worker:
     # ---- one task -------------------------------------------------------------------------------
 
     async def _spec(self, batch_id: str) -> BatchSpec:
+        """The batch's spec, read once per batch: the tasks of a claim start together, and all
+        but the first wait for its read (each reading it too cost a query per task)."""
         spec = self._specs.get(batch_id)
-        if spec is None:
-            found = await self.store.read(queue.batch_spec, batch_id)
-            assert found is not None, f"claimed a task of batch {batch_id}, which does not exist"
-            spec = self._specs[batch_id] = found
-            if len(self._specs) > 1024:
-                self._specs.pop(next(iter(self._specs)))
+        while spec is None:
+            reading = self._spec_reads.get(batch_id)
+            if reading is not None:
+                await reading.wait()  # (if that read failed, this task reads it itself)
+                spec = self._specs.get(batch_id)
+                continue
+            reading = self._spec_reads[batch_id] = trio.Event()
+            try:
+                found = await self.store.read(queue.batch_spec, batch_id)
+                assert found is not None, f"claimed a task of batch {batch_id}, which does not exist"
+                spec = self._specs[batch_id] = found
+                if len(self._specs) > 1024:
+                    self._specs.pop(next(iter(self._specs)))
+            finally:
+                del self._spec_reads[batch_id]
+                reading.set()
         return spec
 
     async def _run_one(self, task: ClaimedTask, scope: trio.CancelScope, claimed_at: float) -> None:
