@@ -217,3 +217,38 @@ async def test_the_tasks_of_a_claim_read_their_batch_spec_once(autojump_clock: t
     assert reads == ["b1", "b1"]
     assert sum(isinstance(g, RuntimeError) for g in got) == 1 and got.count("spec of b1") == 9
     assert await worker._spec("b1") == "spec of b1" and len(reads) == 2  # cached
+
+
+async def test_a_big_batch_far_from_its_end_is_polled_not_probed_on_every_commit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """On SQLite every commit of a run changes the database files: a stream whose batch has
+    thousands of tasks left does not ask `finished()` at each of them (every open stream would);
+    it polls at its pace, and watches for the end once the end is near."""
+    changes = BatchChanges(_Store())  # type: ignore[arg-type]
+    probes: list[float] = []
+    polled, poll = _states([5000, 5000, 4000, 100, 0])
+
+    async def finished() -> bool:
+        probes.append(trio.current_time())
+        return False
+
+    async def commits() -> None:  # a commit every 10 ms, as during a run
+        while True:
+            await trio.sleep(0.01)
+            changes._changed("b1")
+
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(commits)
+        await _drain(
+            progress_stream(
+                poll, lambda s: s["progress"]["pending"] == 0, 1.0, changes=(changes, "b1"),
+                pending=lambda s: s["progress"]["pending"], finished=finished,
+            )
+        )  # fmt: skip
+        nursery.cancel_scope.cancel()
+    far = [p for p in probes if p < polled[3]]  # before the look that saw 100 left
+    assert far == [] and probes  # probed only once near the end
+    assert all(round(b - a, 3) >= 0.05 for a, b in itertools.pairwise(probes))  # at most every min_gap_s
+    assert polled[:3] == [t0, t0 + 1.0, t0 + 2.0]

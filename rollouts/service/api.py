@@ -395,6 +395,9 @@ def sse(event: str, data: Mapping[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(_times(dict(data)), separators=(',', ':'))}\n\n".encode()
 
 
+_NEAR_END_TASKS = 256  # pending tasks under which a stream on SQLite watches for the end
+
+
 async def progress_stream(
     poll: Callable[[], Awaitable[dict[str, Any] | None]], terminal: Callable[[dict[str, Any]], bool], every_s: float,
     keepalive_s: float = 15.0, changes: tuple[BatchChanges, str] | None = None, min_gap_s: float = 0.05,
@@ -406,7 +409,8 @@ async def progress_stream(
     (the average rate: outcomes are written in bursts); and, with `changes` (BatchChanges, batch
     id), when the database says the batch changed: at once for a precise change (PostgreSQL:
     the batch ended), else (SQLite: something was written) when `finished()` says it has
-    ended, asked at most every `min_gap_s`. Never polls twice within `min_gap_s`."""
+    ended, asked at most every `min_gap_s` and only near the end (at most `_NEAR_END_TASKS`
+    pending, or the end due within two polls). Never polls twice within `min_gap_s`."""
     last: Any = None
     quiet = 0.0
     first: tuple[float, int] | None = None  # (time, pending) of the first poll
@@ -427,15 +431,20 @@ async def progress_stream(
             yield b": keepalive\n\n"
             quiet = 0.0
         wait_s = every_s
+        near_end = True  # (whether a change that is not precise is worth asking `finished()` about)
         if pending is not None and (changes is None or not changes[0].precise):
             left = pending(state)
+            eta = None
             if first is None:
                 first = (polled, left)
             elif first[1] > left:
                 eta = left * (polled - first[0]) / (first[1] - left)  # at the average rate so far
                 wait_s = min(every_s, max(min_gap_s, eta / 2))
+            # (a big batch far from its end is polled only: every commit of its run would
+            # otherwise make every open stream ask the database whether it has ended)
+            near_end = left <= _NEAR_END_TASKS or (eta is not None and eta <= 2 * every_s)
         until = polled + wait_s
-        if changes is None:
+        if changes is None or not (changes[0].precise or near_end):
             await trio.sleep_until(until)
         else:
             board, batch_id = changes
