@@ -128,9 +128,8 @@ def create_batch(
         return _summary(tx, existing), False
     queued_at = tx.one(f"SELECT {now}")
     assert queued_at is not None
-    if (
-        tx.dialect.is_postgres
-    ):  # one statement with arrays, in binary (a statement per task cost the server twice the CPU)
+    if tx.dialect.is_postgres:
+        # one statement with arrays, in binary (a statement per task cost the server twice the CPU)
         tx.execute(
             "INSERT INTO tasks (batch_id, task_id, seq, input, status, queued_at) "
             "SELECT ?, t.task_id, t.seq, t.input, 'queued', ? FROM unnest(%b::text[], %b::int[], %b::text[]) AS t(task_id, seq, input)",
