@@ -46,7 +46,7 @@ class ViewData:
 
 
 def assistant(text: str, *, tool: bool = False, thinking: str = "") -> Message:
-    blocks: list = []
+    blocks: list[ThinkingContent | TextContent | ToolCallContent] = []
     if thinking:
         blocks.append(ThinkingContent(thinking))
     blocks.append(TextContent(text))
