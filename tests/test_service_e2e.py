@@ -282,15 +282,23 @@ async def test_concurrent_requests_with_one_idempotency_key_make_one_batch(db_ur
         store.close()
 
 
+async def _queue_batch(store: Store, task_ids: list[str], parallelism: int) -> tuple[str, str]:
+    """(workspace id, batch id) of a new batch of `task_ids` (user_message: the id's number) in
+    workspace "w", for an agent of its own; straight into the database."""
+    ws = await store.call(accounts.ensure_workspace, "w")
+    agent = await store.call(accounts.create_agent, ws, "a", accounts.VersionSpec({"model": "openai/x"}))
+    summary, _ = await store.call(
+        queue.create_batch, workspace_id=ws, agent_id=agent["agent_id"], agent_version=1, system_prompt="",
+        tasks=[(t, {"user_message": t.removeprefix("t") or "hi"}) for t in task_ids], config={},
+        parallelism=parallelism, timeout_per_task_ms=1000, deadline_s=60,
+    )  # fmt: skip
+    return str(ws), str(summary["batch_id"])
+
+
 async def test_a_task_finished_twice_is_recorded_once(db_url: str) -> None:
     store = await Store.open(db_url)
     try:
-        ws = await store.call(accounts.ensure_workspace, "w")
-        agent = await store.call(accounts.create_agent, ws, "a", accounts.VersionSpec({"model": "openai/x"}))
-        summary, _ = await store.call(
-            queue.create_batch, workspace_id=ws, agent_id=agent["agent_id"], agent_version=1, system_prompt="",
-            tasks=[("t", {"user_message": "hi"})], config={}, parallelism=1, timeout_per_task_ms=1000, deadline_s=60,
-        )  # fmt: skip
+        ws, bid = await _queue_batch(store, ["t"], parallelism=1)
         (task,) = await store.call(queue.claim, "w1", 4, 30.0)
         assert await store.call(queue.sweep) == {"timeout": 0, "failed": 0, "requeued": 0}  # lease held
         await store.call(lambda tx: tx.execute("UPDATE tasks SET lease_expires_at = 0"))  # the worker vanished
@@ -301,7 +309,7 @@ async def test_a_task_finished_twice_is_recorded_once(db_url: str) -> None:
         assert await store.call(queue.finish, task.batch_id, task.task_id, **first)
         second = {"status": "failed", "result": None, "error": "late", "execution_time_ms": 9}
         assert not await store.call(queue.finish, again.batch_id, again.task_id, **second)
-        batch = await store.read(queue.get_batch, ws, summary["batch_id"])
+        batch = await store.read(queue.get_batch, ws, bid)
         assert batch is not None
         assert [(r["status"], r["error"]) for r in batch["results"]] == [("completed", None)]
     finally:
@@ -314,24 +322,14 @@ async def test_claims_take_queued_tasks_in_order_within_each_batch_parallelism(d
     a batch whose parallelism is at least its task count is never capped."""
     store = await Store.open(db_url)
     try:
-        ws = await store.call(accounts.ensure_workspace, "w")
-        agent = await store.call(accounts.create_agent, ws, "a", accounts.VersionSpec({"model": "openai/x"}))
-
-        async def batch(n: int, parallelism: int) -> str:
-            summary, _ = await store.call(
-                queue.create_batch, workspace_id=ws, agent_id=agent["agent_id"], agent_version=1, system_prompt="",
-                tasks=[(f"t{i}", {"user_message": str(i)}) for i in range(n)], config={}, parallelism=parallelism,
-                timeout_per_task_ms=1000, deadline_s=60,
-            )  # fmt: skip
-            return str(summary["batch_id"])
-
-        wide = await batch(5, 100)  # parallelism >= tasks: never at it
+        tasks = [f"t{i}" for i in range(5)]
+        _, wide = await _queue_batch(store, tasks, parallelism=100)  # parallelism >= tasks: never at it
         got = await store.call(queue.claim_tasks, "w1", 2, 30.0)
         assert [(t.batch_id, t.task_id) for t in got.tasks] == [(wide, "t0"), (wide, "t1")] and not got.capped
         assert [t.input["user_message"] for t in got.tasks] == ["0", "1"]
         got = await store.call(queue.claim_tasks, "w1", 10, 30.0)
         assert [t.task_id for t in got.tasks] == ["t2", "t3", "t4"] and not got.capped
-        narrow = await batch(5, 2)
+        _, narrow = await _queue_batch(store, tasks, parallelism=2)
         got = await store.call(queue.claim_tasks, "w2", 10, 30.0)
         assert [(t.batch_id, t.task_id) for t in got.tasks] == [(narrow, "t0"), (narrow, "t1")] and got.capped
         got = await store.call(queue.claim_tasks, "w2", 10, 30.0)
@@ -349,14 +347,7 @@ async def test_outcomes_recorded_together_are_each_recorded_once(db_url: str) ->
     first result; the others are recorded with their figures; NULL figures stay NULL."""
     store = await Store.open(db_url)
     try:
-        ws = await store.call(accounts.ensure_workspace, "w")
-        agent = await store.call(accounts.create_agent, ws, "a", accounts.VersionSpec({"model": "openai/x"}))
-        summary, _ = await store.call(
-            queue.create_batch, workspace_id=ws, agent_id=agent["agent_id"], agent_version=1, system_prompt="",
-            tasks=[(f"t{i}", {"user_message": "hi"}) for i in range(3)], config={}, parallelism=3,
-            timeout_per_task_ms=1000, deadline_s=60,
-        )  # fmt: skip
-        bid = summary["batch_id"]
+        ws, bid = await _queue_batch(store, ["t0", "t1", "t2"], parallelism=3)
         assert len(await store.call(queue.claim, "w1", 4, 30.0)) == 3
         early = {"status": "completed", "result": {"n": 0}, "error": None, "execution_time_ms": 1}
         assert await store.call(queue.finish, bid, "t0", **early)

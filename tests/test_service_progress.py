@@ -37,6 +37,13 @@ async def _drain(stream: Any) -> list[bytes]:
     return [event async for event in stream]
 
 
+def _paced(poll: Any) -> Any:
+    """A stream without notifications: polls every 10 s, sooner by its pending count's rate."""
+    return progress_stream(
+        poll, lambda s: s["progress"]["pending"] == 0, 10.0, min_gap_s=1.0, pending=lambda s: s["progress"]["pending"]
+    )
+
+
 async def test_without_notifications_the_stream_looks_sooner_when_the_end_is_due(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -44,15 +51,7 @@ async def test_without_notifications_the_stream_looks_sooner_when_the_end_is_due
     # so the next look is at half that, and so on (at the average rate since the first look).
     polled, poll = _states([100, 60, 30, 14, 0])
     t0 = trio.current_time()
-    events = await _drain(
-        progress_stream(
-            poll,
-            lambda s: s["progress"]["pending"] == 0,
-            10.0,
-            min_gap_s=1.0,
-            pending=lambda s: s["progress"]["pending"],
-        )
-    )
+    events = await _drain(_paced(poll))
     gaps = [round(b - a, 3) for a, b in itertools.pairwise([t0, *polled])][1:]
     assert gaps == [10.0, 7.5, 3.75, 1.73]  # (86 in 21.25 s: 14 due in 3.46 s)
     assert events[-1].startswith(b"event: done") and len(events) == 5
@@ -61,15 +60,7 @@ async def test_without_notifications_the_stream_looks_sooner_when_the_end_is_due
 async def test_a_look_that_sees_no_progress_keeps_the_average_rate(autojump_clock: trio.testing.MockClock) -> None:
     # (outcomes are written in bursts: one look may see the same count as the one before)
     polled, poll = _states([100, 60, 60, 60, 0])
-    await _drain(
-        progress_stream(
-            poll,
-            lambda s: s["progress"]["pending"] == 0,
-            10.0,
-            min_gap_s=1.0,
-            pending=lambda s: s["progress"]["pending"],
-        )
-    )
+    await _drain(_paced(poll))
     gaps = [round(b - a, 3) for a, b in itertools.pairwise(polled)]
     assert gaps == [10.0, 7.5, 10.0, 10.0]  # 40 in 17.5 s: 60 due in 26 s, beyond the poll
 
