@@ -123,12 +123,12 @@ QUERIES = [
         SampleQuery(sort=s, descending=d)
         for s in ("id", "reward", "status", "turns", "tokens", "cost", "time")
         for d in (False, True)
-    ),  # fmt: skip
+    ),
     *(
         SampleQuery(sort=f"metric:{m}", descending=d)
         for m in ("exact", "len", WEIRD, "$.exact", "reward", "nope")
         for d in (False, True)
-    ),  # fmt: skip
+    ),
     SampleQuery(status="completed"),
     SampleQuery(status="failed"),
     SampleQuery(status="pending"),
@@ -138,7 +138,7 @@ QUERIES = [
         SampleQuery(metric=m, op=op, value=v)
         for m, v in (("exact", 0.5), ("len", 8.0), (WEIRD, 0.5), ("reward", 0.5), ("$.exact", 3.0), ("nope", 0.0))
         for op in ("<", "<=", "=", ">=", ">")
-    ),  # fmt: skip
+    ),
     SampleQuery(meta=("level", "hard")),
     SampleQuery(meta=("level", "easy"), sort="reward", descending=True),
     SampleQuery(meta=('le"vel', "hard")),
@@ -161,7 +161,7 @@ QUERIES = [
             "nothing like this",
             "hi",
         )
-    ),  # fmt: skip
+    ),
     SampleQuery(text="is", status="completed", metric="exact", op=">=", value=0.5, sort="tokens", descending=True),
     SampleQuery(offset=3, limit=4, sort="reward", descending=True),
     SampleQuery(offset=50, limit=4),
