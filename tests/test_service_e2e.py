@@ -889,7 +889,7 @@ async def test_a_batch_at_its_parallelism_keeps_its_worker_busy(db_url: str) -> 
             await nursery.start(worker.run)
             batch = await svc.client.create_batch(agent_id, tasks(5), config={"parallelism": 1})
             if not svc.store.is_postgres:
-                worker._work_arrived()  # (SQLite has no NOTIFY: stands for the first poll)
+                worker.wake()  # (SQLite has no NOTIFY: stands for the first poll)
             with trio.fail_after(120):  # (a guard: a worker waiting for its poll would hang here)
                 done = await svc.client.wait_batch(batch["batch_id"])
             nursery.cancel_scope.cancel()
