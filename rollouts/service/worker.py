@@ -46,6 +46,7 @@ from rollouts.service.execution import (
     task_setting,
     warm_up,
 )
+from rollouts.service.policy import ServicePolicy
 from rollouts.service.queue import BatchSpec, ClaimedTask
 from rollouts.service.store import Store
 
@@ -87,12 +88,14 @@ class Worker:
         claim_batch: int = 32,
         record_delay_s: float = 0.05,
         record_batch: int = 256,
+        policy: ServicePolicy | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if lease_s <= 0:
             raise ValueError(f"lease_s must be > 0, got {lease_s}")
         self.store = store
+        self.policy = policy or ServicePolicy()  # what tasks may use (the operator's; rollouts.service.policy)
         self.concurrency = concurrency
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{new_id('w')}"
         self.lease_s = lease_s
@@ -341,12 +344,12 @@ class Worker:
         if setting is None:
             try:
                 setting = task_setting(
-                    endpoint=endpoint_from_spec(spec.endpoint, spec.config.get("model")),
+                    endpoint=endpoint_from_spec(spec.endpoint, spec.config.get("model"), self.policy),
                     system_prompt=spec.system_prompt,
                     max_turns=spec.max_turns,
                     time_limit_s=per_task,
-                    score_fn=resolve_score(spec.config.get("score")),
-                    environment_factory=resolve_environment(spec.environment),
+                    score_fn=resolve_score(spec.config.get("score"), self.policy),
+                    environment_factory=resolve_environment(spec.environment, self.policy),
                 )
             except (RolloutsError, ValueError, TypeError) as e:
                 ms = int((time.perf_counter() - started) * 1000)
