@@ -324,6 +324,7 @@ def arith_score(sample: Sample) -> Score:
 async def run_gepa(db_url: str, base_url: str, budget: int) -> dict[str, Any]:
     from rollouts.gepa import optimize
     from rollouts.service import accounts
+    from rollouts.service.batch_tasks import BatchTasks
     from rollouts.service.client import ServiceClient
     from rollouts.service.gepa_adapter import ServiceAdapter
     from rollouts.service.policy import ServicePolicy
@@ -352,7 +353,9 @@ async def run_gepa(db_url: str, base_url: str, budget: int) -> dict[str, Any]:
         url = await nursery.start(lambda task_status: serve(db_url, port=0, gepa_jobs=False, task_status=task_status))
         store = await Store.open(db_url)
         _, token = await store.call(accounts.create_token, "gepa")
-        await nursery.start(Worker(store, concurrency=64, max_poll_s=0.05, policy=ServicePolicy.from_env()).run)
+        await nursery.start(
+            Worker(store, run_task=BatchTasks(store, ServicePolicy.from_env()), concurrency=64, max_poll_s=0.05).run
+        )
         client = ServiceClient(url, token)
         try:
             agent = await client.create_agent("arith", _endpoint_spec(base_url))

@@ -4,6 +4,10 @@ Every function takes a frozen state and returns a new one. Tool calls run in ord
 with a call (unknown tool, arguments that are not JSON or do not fit the schema, a tool that
 raises) become error tool results sent back to the model. Cancellation always propagates; what
 must be recorded on abort is recorded in a shielded scope.
+
+The stop and step handlers (`handle_stop_max_turns`, `compose_handlers`, ...) and
+`stdout_handler` live in `rollouts.handlers` and are importable from here too, as in the
+original rollouts.
 """
 
 from __future__ import annotations
@@ -18,9 +22,34 @@ from rollouts.dtypes import Actor, AgentState, Message, StopReason, Tool, ToolCa
 from rollouts.environments.base import Environment, clone_environment, environment_type_name
 from rollouts.errors import AuthenticationError, ContextTooLongError, ProviderError
 from rollouts.events import OnChunk, StreamEvent, ToolExecutionStart, ToolResultReceived
+from rollouts.handlers import (
+    compose_handlers,
+    handle_stop_cost_budget,
+    handle_stop_max_turns,
+    handle_stop_on_empty_message,
+    handle_stop_token_budget,
+    inject_tool_reminder,
+    inject_turn_warning,
+    stdout_handler,
+)
 from rollouts.providers import MessageBuilder, client_scope, get_provider_function
 from rollouts.run_config import RunConfig
 from rollouts.store.base import SessionConflictError, SessionStatus, SessionStore
+
+__all__ = [  # (the handlers are re-exported: the original rollouts' `from rollouts.agents import ...`)
+    "compose_handlers",
+    "handle_stop_cost_budget",
+    "handle_stop_max_turns",
+    "handle_stop_on_empty_message",
+    "handle_stop_token_budget",
+    "inject_tool_reminder",
+    "inject_turn_warning",
+    "process_pending_tools",
+    "rollout",
+    "run_agent",
+    "run_agent_step",
+    "stdout_handler",
+]
 
 _SCHEDULE_EVERY = 64  # streamed events between two full checkpoints (see run_agent_step)
 

@@ -26,6 +26,7 @@ import trio
 
 from rollouts.service import accounts, queue
 from rollouts.service.api import ApiLimits
+from rollouts.service.batch_tasks import BatchTasks
 from rollouts.service.client import ServiceClient, ServiceError
 from rollouts.service.policy import POLICY_ENV, ServicePolicy
 from rollouts.service.server import DB_ENV, serve
@@ -55,7 +56,7 @@ def allow(base_url: str, extra: str = "") -> None:
 
 def new_worker(store: Store, **kw: Any) -> Worker:
     """A worker under the operator's policy (the file in $ROLLOUTS_SERVICE_POLICY)."""
-    return Worker(store, policy=ServicePolicy.from_env(), **kw)
+    return Worker(store, run_task=BatchTasks(store, ServicePolicy.from_env()), **kw)
 
 
 # ---- the fake provider --------------------------------------------------------------------------
@@ -912,7 +913,7 @@ async def test_a_batch_at_its_parallelism_keeps_its_worker_busy(db_url: str) -> 
             await nursery.start(worker.run)
             batch = await svc.client.create_batch(agent_id, tasks(5), config={"parallelism": 1})
             if not svc.store.is_postgres:
-                worker._work_arrived()  # (SQLite has no NOTIFY: stands for the first poll)
+                worker.wake()  # (SQLite has no NOTIFY: stands for the first poll)
             with trio.fail_after(120):  # (a guard: a worker waiting for its poll would hang here)
                 done = await svc.client.wait_batch(batch["batch_id"])
             nursery.cancel_scope.cancel()

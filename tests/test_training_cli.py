@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from rollouts.training.weights import PackagedWeights, packaged_weights_path
+from rollouts.local_model.packaged import PackagedWeights, packaged_weights_path
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -139,6 +139,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from rollouts.service.batch_tasks import BatchTasks
     from rollouts.service.store import Store
     from rollouts.service.worker import Worker
 
@@ -148,7 +149,7 @@ def _worker(args: argparse.Namespace) -> int:
     async def main() -> None:
         store = await Store.open(_db_url(args), max_connections=4)
         try:
-            worker = Worker(store, concurrency=args.concurrency, lease_s=args.lease, policy=policy)
+            worker = Worker(store, run_task=BatchTasks(store, policy), concurrency=args.concurrency, lease_s=args.lease)
             async with trio.open_nursery() as nursery:
                 await nursery.start(worker.run)  # (warmed up and listening: ready for its first task)
                 print(

@@ -183,10 +183,10 @@ class _Run:
         # Protected from Ctrl-C (deferred to the next checkpoint): a sample is counted and on
         # disk, or neither; a line is never torn by KeyboardInterrupt.
         self.in_flight.discard(sample.id)
+        if self.log is not None and not reused:
+            sample = self.log.write(sample)  # (failed instead, if it cannot be written)
         if self.results is not None:
             self.results[sample.id] = sample
-        if self.log is not None and not reused:
-            self.log.write(sample)
         if self.summary is not None:
             self.summary.add(sample)
         self.progress.update(sample, reused=reused)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from rollouts._unicode import join_surrogate_pairs
 from rollouts.dtypes import (
     Actor,
     Completion,
@@ -120,7 +121,7 @@ class MessageBuilder:
             if isinstance(b, str | tuple):
                 if not partial:
                     raise AssertionError(f"content block {idx} ({b!r}) was started but never ended")
-                text = "".join(self._texts.get(idx, ()))
+                text = join_surrogate_pairs("".join(self._texts.get(idx, ())))
                 if b == "text":
                     if text:
                         blocks.append(TextContent(text))

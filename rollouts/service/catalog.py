@@ -25,6 +25,7 @@ import contextlib
 import contextvars
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,7 +60,6 @@ from rollouts.view.catalog import (
 __all__ = ["ServiceCatalog", "current_workspace", "use_workspace"]
 
 _WORKSPACE: contextvars.ContextVar[str | None] = contextvars.ContextVar("rollouts_ui_workspace", default=None)
-_FINISHED = ("completed", "failed", "timeout", "cancelled")
 _RUNS_LIMIT = 200  # the runs lists show the newest 200 batches / jobs
 _PREVIEW = 160
 
@@ -153,13 +153,13 @@ def _sort_expr(d: Dialect, sort: str) -> tuple[str, list[Any]]:
 
 def _run_status(status: str) -> str:
     """A batch's status as the viewer knows it ("running" while tasks are pending)."""
-    return "running" if status in ("queued", "running") else status
+    return "running" if status in queue.PENDING else status
 
 
 def _sample_status(task_status: str) -> str:
     if task_status == "completed":
         return "completed"
-    return "pending" if task_status in ("queued", "running") else "failed"
+    return "pending" if task_status in queue.PENDING else "failed"
 
 
 def _input_preview(raw: str) -> str:
@@ -196,13 +196,33 @@ def _metrics(result: dict[str, Any]) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True)
+class _BatchRun:
+    """A batch with its tasks counted, as the runs list reads it (`_RUN_SELECT`'s columns, by name)."""
+
+    batch_id: str
+    agent_id: str
+    agent_version: int
+    task_count: int
+    cancelled_at: float | None
+    created_at: float
+    agent_name: str
+    completed: int | None  # (the SUMs are NULL for a batch without tasks)
+    failed: int | None  # failed, timed out or cancelled
+    pending: int | None  # queued or running
+    queued: int | None
+    mean_reward: float | None
+    last_finished_at: float | None
+
+
 _RUN_SELECT = (
-    "SELECT b.id, b.agent_id, b.agent_version, b.task_count, b.cancelled_at, b.created_at, a.name, "
-    "SUM(CASE WHEN t.status = 'completed' THEN 1 ELSE 0 END), "
-    "SUM(CASE WHEN t.status IN ('failed', 'timeout', 'cancelled') THEN 1 ELSE 0 END), "
-    "SUM(CASE WHEN t.status IN ('queued', 'running') THEN 1 ELSE 0 END), "
-    "SUM(CASE WHEN t.status = 'queued' THEN 1 ELSE 0 END), "
-    "AVG({reward}), MAX(t.finished_at) "
+    "SELECT b.id AS batch_id, b.agent_id, b.agent_version, b.task_count, b.cancelled_at, b.created_at, "
+    "a.name AS agent_name, "
+    "SUM(CASE WHEN t.status = 'completed' THEN 1 ELSE 0 END) AS completed, "
+    f"SUM(CASE WHEN t.status {queue.status_in(('failed', 'timeout', 'cancelled'))} THEN 1 ELSE 0 END) AS failed, "
+    f"SUM(CASE WHEN t.status {queue.status_in(queue.PENDING)} THEN 1 ELSE 0 END) AS pending, "
+    "SUM(CASE WHEN t.status = 'queued' THEN 1 ELSE 0 END) AS queued, "
+    "AVG({reward}) AS mean_reward, MAX(t.finished_at) AS last_finished_at "
     # the newest batches first (the batches_workspace index), then their tasks (tasks_batch_status_seq)
     "FROM (SELECT * FROM batches WHERE workspace_id = ? {where} ORDER BY created_at DESC, id LIMIT ?) b "
     "JOIN agents a ON a.id = b.agent_id LEFT JOIN tasks t ON t.batch_id = b.id "
@@ -235,30 +255,30 @@ def jobs_version(tx: Tx, ws: str) -> str:
     return ":".join(str(x) for x in (r or ()))
 
 
-def _run_row(r: Sequence[Any]) -> EvalRunRow:
-    bid, agent_id, version, total, cancelled, created, agent_name, done, failed, pending, queued, mean, last = r
-    done, failed, pending, queued = (int(x or 0) for x in (done, failed, pending, queued))
+def _run_row(r: _BatchRun) -> EvalRunRow:
+    done, failed, pending, queued = (int(x or 0) for x in (r.completed, r.failed, r.pending, r.queued))
     counts = {"completed": done, "failed": failed, "queued": queued, "running": pending - queued}
-    status = _run_status(queue.batch_status(counts, int(total), cancelled is not None))
+    status = _run_status(queue.batch_status(counts, int(r.task_count), r.cancelled_at is not None))
     from rollouts.service.api import iso
 
+    last = r.last_finished_at
     return EvalRunRow(
-        run_id=str(bid),
-        name=f"{agent_name} v{version}",
-        location=f"batch of agent {agent_id}",
+        run_id=str(r.batch_id),
+        name=f"{r.agent_name} v{r.agent_version}",
+        location=f"batch of agent {r.agent_id}",
         status=status,
         n_samples=done + failed,
         n_failed=failed,
-        mean_reward=float(mean) if mean is not None else None,
-        started_at=iso(created) or "",
-        duration_s=(float(last) - float(created)) if last is not None and not pending else None,
+        mean_reward=float(r.mean_reward) if r.mean_reward is not None else None,
+        started_at=iso(r.created_at) or "",
+        duration_s=(float(last) - float(r.created_at)) if last is not None and not pending else None,
     )
 
 
 def _runs(tx: Tx, ws: str, batch_id: str | None = None) -> list[EvalRunRow]:
     where, params = ("AND id = ?", [ws, batch_id]) if batch_id is not None else ("", [ws])
     sql = _RUN_SELECT.format(reward=_reward(tx.dialect), where=where)
-    return [_run_row(r) for r in tx.execute(sql, [*params, _RUNS_LIMIT])]
+    return [_run_row(r) for r in queue.read_rows(_BatchRun, tx.execute(sql, [*params, _RUNS_LIMIT]))]
 
 
 def _run(tx: Tx, ws: str, batch_id: str) -> EvalRunRow:

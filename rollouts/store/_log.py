@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollouts._unicode import json_text_utf8
 from rollouts.dtypes import Message
 from rollouts.redaction import redact_json
 from rollouts.store._codec import dumps, message_from_dict, message_to_dict, paused_gc
@@ -52,13 +53,13 @@ def encode_message(message: Message, environment_state: Mapping[str, Any] | None
     assert ENV_KEY not in d, "Message.to_dict must not use the log's reserved key"
     if environment_state is not None:
         d[ENV_KEY] = environment_state
-    line = redact_json(dumps(d)).encode("utf-8")  # known secret values masked
+    line = json_text_utf8(redact_json(dumps(d)))  # known secret values masked, any text kept
     assert line.startswith(MESSAGE_PREFIX), "Message.to_dict must start with 'role'"
     return line + b"\n"
 
 
 def encode_snapshot(environment_state: Mapping[str, Any]) -> bytes:
-    line = redact_json(dumps({ENV_KEY: environment_state})).encode("utf-8")
+    line = json_text_utf8(redact_json(dumps({ENV_KEY: environment_state})))
     assert line.startswith(SNAPSHOT_PREFIX)
     return line + b"\n"
 
@@ -207,7 +208,7 @@ def fsync_dir(path: Path) -> None:
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Replace `path` with `data` atomically: a reader sees the old or the new file, never a mix."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    payload = redact_json(json.dumps(data, ensure_ascii=False, indent=2)).encode("utf-8") + b"\n"
+    payload = json_text_utf8(redact_json(json.dumps(data, ensure_ascii=False, indent=2))) + b"\n"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
     try:
         try:

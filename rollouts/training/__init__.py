@@ -7,7 +7,8 @@
 Install with `pip install torch==2.13.0 'rollouts[train]'` (the CPU build of torch first).
 Modules: `sample` (TrainingSample, advantages), `grpo` (the loop, checkpoints, resume),
 `backends` (the TrainingBackend / InferenceBackend protocols, in-process and served policies),
-`torch_backend` (TorchBackend), `weights` (packaged model files), `tiny` (a tiny test model).
+`torch_backend` (TorchBackend), `tiny` (a tiny test model). Packaged model files live in
+`rollouts.local_model.packaged`.
 """
 
 from __future__ import annotations
