@@ -1,4 +1,4 @@
-"""A worker process of evaluate(..., workers=N) (see rollouts.service.eval_workers): started by the
+"""A worker process of evaluate()'s WorkerPool (see rollouts.service.eval_workers): started by the
 parent as `python -m rollouts.service.eval_worker`, it reads its WorkerPayload from stdin,
 rebuilds the EvalConfig, and runs the service's Worker loop (claim under a lease, heartbeats,
 idempotent results) with `evaluate_sample` as the task. It stops when its stdin closes (the

@@ -286,7 +286,7 @@ class _Pool:
             if self.restarts > 3 * self.workers:
                 self.fatal(
                     RuntimeError(
-                        f"evaluate(workers={self.workers}): worker processes keep dying ({self.restarts} times, last: "
+                        f"WorkerPool({self.workers}): worker processes keep dying ({self.restarts} times, last: "
                         f"{how}); the last one's stderr ({log}): {_log_tail(log)}"
                     )
                 )
