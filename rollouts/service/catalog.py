@@ -84,16 +84,23 @@ def use_workspace(workspace_id: str) -> Iterator[None]:
 # ---- SQL over JSON, per dialect ---------------------------------------------------------------------
 
 
+def _jsonb(col: str) -> str:
+    """The JSON text in `col` as jsonb, whatever text it holds: jsonb refuses the escapes `\\u0000`
+    and lone surrogates, which a task's input or a model's reply may hold (the text column keeps
+    them; here, for filtering and sorting only, they read as U+FFFD)."""
+    return f"(regexp_replace({col}, '\\\\u(0000|[dD][89a-fA-F][0-9a-fA-F]{{2}})', '\\\\ufffd', 'g'))::jsonb"
+
+
 def _num(d: Dialect, col: str, *path: str) -> str:
     """A number inside the JSON text in `col` (NULL when absent)."""
     if d.is_postgres:
-        return f"(({col})::jsonb #>> '{{{','.join(path)}}}')::double precision"
+        return f"({_jsonb(col)} #>> '{{{','.join(path)}}}')::double precision"
     return f"json_extract({col}, '$.{'.'.join(path)}')"
 
 
 def _text(d: Dialect, col: str, *path: str) -> str:
     if d.is_postgres:
-        return f"(({col})::jsonb #>> '{{{','.join(path)}}}')"
+        return f"({_jsonb(col)} #>> '{{{','.join(path)}}}')"
     return f"CAST(json_extract({col}, '$.{'.'.join(path)}') AS TEXT)"
 
 
@@ -101,7 +108,7 @@ def _metric(d: Dialect, col: str) -> str:
     """The value of the metric named by the next placeholder, in a result's score."""
     if d.is_postgres:
         return (
-            f"(SELECT (m->>'value')::double precision FROM jsonb_array_elements(({col})::jsonb #> '{{score,metrics}}') m "
+            f"(SELECT (m->>'value')::double precision FROM jsonb_array_elements({_jsonb(col)} #> '{{score,metrics}}') m "
             "WHERE m->>'name' = ? LIMIT 1)"
         )
     return (

@@ -174,6 +174,7 @@ class GEPAJobs:
                 deadline_s=poll_timeout,
                 idempotency_key=key,
             )
+            assert summary is not None  # (no request digest: a key is never refused)
             bid = summary["batch_id"]
             delay = 0.02
             while True:
