@@ -17,7 +17,7 @@ from test_service_e2e import (
 )
 
 from rollouts.service import accounts, queue
-from rollouts.service.catalog import ServiceCatalog, use_workspace
+from rollouts.service.catalog import ServiceCatalog
 from rollouts.view.catalog import SampleQuery
 
 
@@ -97,16 +97,17 @@ async def test_nul_and_lone_surrogates_in_tasks_are_stored_read_back_and_listed(
         assert past["results"][0]["status"] == "completed", past["results"][0]
         user = [m for m in past["results"][0]["trajectory"]["messages"] if m["role"] == "user"]
         assert user[0]["content"] == "half \ud83d 5"
-        catalog = ServiceCatalog(svc.store)
-        with use_workspace(ws):
-            runs = await catalog.list_eval_runs()
-            assert {r.run_id for r in runs} == {batch["batch_id"], summary["batch_id"]}
-            for run in runs:
-                for sort in ("reward", "tokens", "turns", "cost", "metric:exact_match_tag"):
-                    page = await catalog.list_samples(run.run_id, SampleQuery(sort=sort))
-                    assert len(page.items) == 1
-                page = await catalog.list_samples(run.run_id, SampleQuery(meta=("answer", "7")))
-                assert len(page.items) == (1 if run.run_id == batch["batch_id"] else 0)
+        catalog = ServiceCatalog(svc.store, ws)
+        runs = await catalog.list_eval_runs()
+        assert {r.run_id for r in runs} == {batch["batch_id"], summary["batch_id"]}
+        for run in runs:
+            for sort in ("reward", "tokens", "turns", "cost", "metric:exact_match_tag"):
+                page = await catalog.list_samples(run.run_id, SampleQuery(sort=sort))
+                assert len(page.items) == 1
+            page = await catalog.list_samples(run.run_id, SampleQuery(meta=("answer", "7")))
+            assert len(page.items) == (1 if run.run_id == batch["batch_id"] else 0)
+            page = await catalog.list_samples(run.run_id, SampleQuery(text="answer"))
+            assert len(page.items) == 1
 
 
 async def test_an_idempotency_key_reused_with_another_body_is_409(db_url: str) -> None:

@@ -118,7 +118,7 @@ def _response(d: Dialect, col: str) -> str:
             "WHEN 'array' THEN (SELECT string_agg(b.value ->> 'text', '' ORDER BY b.i) "
             "FROM jsonb_array_elements(m.value -> 'content') WITH ORDINALITY AS b(value, i) "
             "WHERE b.value ->> 'type' = 'text') END "
-            f"FROM jsonb_array_elements(({col})::jsonb #> '{{trajectory,messages}}') WITH ORDINALITY AS m(value, i) "
+            f"FROM jsonb_array_elements({_jsonb(col)} #> '{{trajectory,messages}}') WITH ORDINALITY AS m(value, i) "
             "WHERE m.value ->> 'role' = 'assistant' ORDER BY m.i DESC LIMIT 1)"
         )
     return (
@@ -134,7 +134,7 @@ def sample_columns(d: Dialect, t: str = "t") -> SampleColumns:
     """Where a sample's fields are in the `tasks` table (alias `t`), for the viewer's one query
     compiler (rollouts.view._sql): a batch's tasks filter and sort as a run's samples do."""
     if d.is_postgres:
-        meta = f"(({t}.input)::jsonb -> 'context' ->> ?)"
+        meta = f"({_jsonb(f'{t}.input')} -> 'context' ->> ?)"
     else:
         meta = f"(SELECT CAST(c.value AS TEXT) FROM json_each({t}.input, '$.context') c WHERE c.key = ?)"
     return SampleColumns(
