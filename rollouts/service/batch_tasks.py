@@ -2,7 +2,10 @@
 version's endpoint and environment, the batch's system prompt, score function and time limits),
 read once per batch, through `execution.run_task`.
 
-    await Worker(store, run_task=BatchTasks(store)).run()     # (the Worker's default)
+    await Worker(store, run_task=BatchTasks(store, policy)).run()   # (the Worker's default: the built-in policy)
+
+`policy` is the operator's (rollouts.service.policy): a batch whose endpoint, environment or
+score it does not allow fails its tasks with the reason, without reading a key or importing.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from rollouts.service.execution import (
     run_task,
     task_setting,
 )
+from rollouts.service.policy import ServicePolicy
 from rollouts.service.queue import BatchSpec, ClaimedTask
 from rollouts.service.store import Store
 
@@ -32,8 +36,9 @@ class BatchTasks:
     """Runs claimed tasks of API batches (a `Worker`'s `run_task`): each batch's spec is read
     once, and its `TaskSetting` (the EvalConfig its tasks share) made at its first task."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, policy: ServicePolicy | None = None) -> None:
         self.store = store
+        self.policy = policy or ServicePolicy()
         self._specs: dict[str, BatchSpec] = {}
         self._spec_reads: dict[str, trio.Event] = {}  # batches whose spec is being read
         self._settings: dict[str, TaskSetting] = {}  # per batch: made at its first task
@@ -74,12 +79,12 @@ class BatchTasks:
         if setting is None:
             try:
                 setting = task_setting(
-                    endpoint=endpoint_from_spec(spec.endpoint, spec.config.get("model")),
+                    endpoint=endpoint_from_spec(spec.endpoint, spec.config.get("model"), self.policy),
                     system_prompt=spec.system_prompt,
                     max_turns=spec.max_turns,
                     time_limit_s=per_task,
-                    score_fn=resolve_score(spec.config.get("score")),
-                    environment_factory=resolve_environment(spec.environment),
+                    score_fn=resolve_score(spec.config.get("score"), self.policy),
+                    environment_factory=resolve_environment(spec.environment, self.policy),
                 )
             except (RolloutsError, ValueError, TypeError) as e:
                 ms = int((time.perf_counter() - started) * 1000)

@@ -547,7 +547,7 @@ def sweep(tx: Tx, max_attempts: int = 3) -> dict[str, int]:
     )
     timed_out = tx.rowcount
     tx.execute(
-        f"UPDATE tasks SET status = 'failed', error = 'the worker running it was lost ' || attempts || ' times', "
+        f"UPDATE tasks SET status = 'failed', error = 'the worker running it stopped (crashed or was killed) ' || attempts || ' times: the task may crash its worker', "
         f"finished_at = {now}, lease_owner = NULL, lease_expires_at = NULL "
         f"WHERE status = 'running' AND lease_expires_at < {now} AND attempts >= ?",
         (max_attempts,),
