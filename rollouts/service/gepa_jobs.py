@@ -177,6 +177,7 @@ class GEPAJobs:
                 deadline_s=poll_timeout,
                 idempotency_key=key,
             )
+            assert summary is not None  # (no request digest: a key is never refused)
             bid = summary["batch_id"]
             await self._wait_finished(bid)
             state = await self.store.read(queue.get_batch, ws, bid, 0, len(tasks))
