@@ -20,7 +20,9 @@ from rollouts.view import FilesCatalog, create_app, serve
 from rollouts.view.guard import TOKEN_COOKIE
 
 
-async def _serve(nursery: trio.Nursery, app: Any) -> str:
+async def _serve(nursery: trio.Nursery, app: Any, catalog: FilesCatalog | None = None) -> str:
+    if catalog is not None:
+        await catalog.index_once()  # (pages during indexing: test_view_catalog.py)
     url: str = await nursery.start(serve, app)
     return url.rstrip("/")
 
@@ -122,7 +124,7 @@ async def test_a_metric_named_with_a_quote_and_a_sample_id_with_a_newline_are_vi
     run_dir: Path, nursery: trio.Nursery
 ) -> None:
     catalog = FilesCatalog([run_dir], cache_dir=run_dir.parent / "cache")
-    url = await _serve(nursery, create_app(catalog))
+    url = await _serve(nursery, create_app(catalog), catalog)
     run = catalog.run_id(run_dir)
     async with httpx2.AsyncClient(base_url=url, timeout=30) as client:
         page = (await client.get(f"/evals/{run}")).text
