@@ -60,6 +60,7 @@ from rollouts.eval.config import (
     ScoreFn,
     default_prepare_messages,
 )
+from rollouts.eval.epochs import EpochReducer, EpochRow, epoch_reducer, epoch_rows, with_epochs, write_epochs
 from rollouts.eval.fingerprint import messages_hash
 from rollouts.eval.ids import SampleIds
 from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, SampleLog, StreamedList, write_json_atomic
@@ -94,6 +95,8 @@ __all__ = [
 
 def sample_id_for(row: Row, index: int) -> str:
     """A row's stable id: its own `id` field if it has one, else its index in the dataset."""
+    if isinstance(row, EpochRow):
+        return row.sample_id
     rid = row.get("id")
     return str(rid) if rid is not None and rid != "" else str(index)
 
@@ -175,6 +178,7 @@ class _Run:
     results: dict[str, Sample] | None = None
     reused: int = 0
     rescored: int = 0
+    epochs: EpochReducer | None = None  # EvalConfig.epochs > 1: each row's epochs, reduced
     fatal: list[BaseException] = field(default_factory=list)  # ends the whole evaluation
     in_flight: set[str] = field(default_factory=set)  # admitted, not yet recorded (<= max_concurrent)
 
@@ -189,6 +193,8 @@ class _Run:
             self.results[sample.id] = sample
         if self.summary is not None:
             self.summary.add(sample)
+        if self.epochs is not None:
+            self.epochs.add(sample)
         self.progress.update(sample, reused=reused)
 
     def admit(self, row: Any, index: int) -> str:
@@ -218,6 +224,8 @@ class _Run:
             assert out is not None or not self.config.keeps_samples
             ids = self._finished_ids(order) if self.in_flight else order
             samples = (lambda: read_samples(out, ids)) if out is not None else ()
+        if self.epochs is not None:
+            summary = with_epochs(summary, samples, self.epochs)
         return EvalReport(
             eval_name=self.config.eval_name,
             samples=samples,
@@ -305,7 +313,8 @@ async def admitted_rows(
     config = run.config
     rows = _Rows(dataset)
     index = 0
-    while config.max_samples is None or index < config.max_samples:
+    limit = config.max_samples * config.epochs if config.max_samples is not None else None
+    while limit is None or index < limit:
         token = object()
         await slots.acquire_on_behalf_of(token)
         try:
@@ -350,13 +359,18 @@ async def evaluate(
         checked = check_workers(config, n, worker_config)  # (also refuses workers < 1)
         shipped = checked if n > 1 else None
     out, log, previous = _open(config)
+    length = _dataset_len(dataset, config.max_samples)
+    if config.epochs > 1:
+        dataset = epoch_rows(dataset, config.epochs, config.max_samples)
+        length = length * config.epochs if length is not None else None
     progress = ProgressBar(
-        _dataset_len(dataset, config.max_samples),
+        length,
         enabled=None if config.show_progress else False,
         label=config.eval_name,
     )
     keep = config.keeps_samples
     run = _Run(config, out, progress, log, previous, None if keep else SummaryBuilder(), results={} if keep else None)
+    run.epochs = epoch_reducer(config)
     run_cfg = _with_limiters(config)
     run_cfg.fingerprint  # noqa: B018 (computed once, before any sample: it reads source files)
 
@@ -386,6 +400,8 @@ async def evaluate(
             data = report.to_dict(include_ids=False)
             data["sample_ids"] = StreamedList(report.ids)  # (written one by one: flat at 100,000 rows)
             write_json_atomic(out / REPORT_FILE, data)
+            if run.epochs is not None:
+                write_epochs(out, run.epochs)
         return report
 
     status: ReportStatus = "failed"
