@@ -140,11 +140,14 @@ async def _record(
                 )
 
 
-async def _record_added(rc: RunConfig, before: AgentState, after: AgentState) -> None:
-    """Record messages a handler appended."""
+async def _record_added(rc: RunConfig, before: AgentState, after: AgentState, tracker: _Tracker | None = None) -> None:
+    """Record messages a handler appended. The tracker learns the new state first, so a
+    cancellation from here on returns (and records after) what the session holds."""
     n = len(before.actor.trajectory.messages)
     added = after.actor.trajectory.messages[n:]
     if added:
+        if tracker is not None:
+            tracker.state = after
         await _record(rc, after, added)
 
 
@@ -254,7 +257,7 @@ async def process_pending_tools(
         if result.is_error and executed:
             before = state
             state = rc.handle_tool_error(result, state)
-            await _record_added(rc, before, state)
+            await _record_added(rc, before, state, _tracker)
         if result.stop_reason is not None and state.stop is None:
             state = evolve(state, stop=result.stop_reason)
     return evolve(state, pending_tool_calls=(), next_tool_idx=0)
@@ -279,7 +282,7 @@ async def _step(state: AgentState, run_config: RunConfig, _tracker: _Tracker | N
     await trio.lowlevel.checkpoint()
     before = state
     state = rc.handle_stop(state)
-    await _record_added(rc, before, state)
+    await _record_added(rc, before, state, _tracker)
     if state.stop is not None:
         return state
     if state.next_tool_idx < len(state.pending_tool_calls):
@@ -288,7 +291,7 @@ async def _step(state: AgentState, run_config: RunConfig, _tracker: _Tracker | N
 
     before = state
     state = rc.on_step_start(state)
-    await _record_added(rc, before, state)
+    await _record_added(rc, before, state, _tracker)
     if state.stop is not None:  # a step handler may end the run too
         return state
     env = state.environment
@@ -339,13 +342,13 @@ async def _step(state: AgentState, run_config: RunConfig, _tracker: _Tracker | N
     if env is not None:
         before = state
         state = await env.on_assistant_message(message, state)
-        await _record_added(rc, before, state)
+        await _record_added(rc, before, state, _tracker)
 
     calls = message.get_tool_calls()
     if not calls:
         before = state
         state = await rc.handle_no_tool(state, rc)
-        await _record_added(rc, before, state)
+        await _record_added(rc, before, state, _tracker)
         return evolve(state, turn_idx=state.turn_idx + 1)
     state = evolve(state, pending_tool_calls=calls, next_tool_idx=0)
     if _tracker is not None:

@@ -192,3 +192,18 @@ def test_the_readme_module_map_names_every_module_in_layer_order() -> None:
                 if here is not None and there is not None and there > here:
                     upward.append(f"{m.relative_to(ROOT)} imports {name}")
     assert upward == [], "a row imports a row below it: move the import or the row"
+
+
+def test_layers_the_queue_is_the_only_writer_of_task_rows() -> None:
+    """Issue 32 item 2: task rows were also written by the worker (putting its tasks back), the
+    local worker pool (four statements) and their SQL drifted apart; every statement that
+    inserts, updates or deletes `tasks` lives in service/queue.py."""
+    writes = re.compile(r"\b(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+tasks\b", re.IGNORECASE)
+    offenders = [
+        f"{path.relative_to(ROOT)}:{text[: m.start()].count(chr(10)) + 1}"
+        for path in PACKAGE.rglob("*.py")
+        if path != PACKAGE / "service" / "queue.py"
+        for text in [path.read_text(encoding="utf-8")]
+        for m in writes.finditer(text)
+    ]
+    assert offenders == []

@@ -13,6 +13,7 @@ import trio.testing
 
 from rollouts.service import accounts, queue
 from rollouts.service.api import progress_stream
+from rollouts.service.batch_tasks import BatchTasks
 from rollouts.service.progress import BatchChanges
 from rollouts.service.store import Store
 from rollouts.service.worker import Worker
@@ -192,12 +193,12 @@ async def test_the_tasks_of_a_claim_read_their_batch_spec_once(autojump_clock: t
                 raise RuntimeError("the database went away")
             return f"spec of {batch_id}"
 
-    worker = Worker(_SpecStore())  # type: ignore[arg-type]
+    tasks = BatchTasks(_SpecStore())  # type: ignore[arg-type]
     got: list[Any] = []
 
     async def task() -> None:
         try:
-            got.append(await worker._spec("b1"))
+            got.append(await tasks.spec("b1"))
         except RuntimeError as e:
             got.append(e)
 
@@ -207,7 +208,7 @@ async def test_the_tasks_of_a_claim_read_their_batch_spec_once(autojump_clock: t
     # the first read failed: its task saw the error; the others waited, then one read again
     assert reads == ["b1", "b1"]
     assert sum(isinstance(g, RuntimeError) for g in got) == 1 and got.count("spec of b1") == 9
-    assert await worker._spec("b1") == "spec of b1" and len(reads) == 2  # cached
+    assert await tasks.spec("b1") == "spec of b1" and len(reads) == 2  # cached
 
 
 async def test_a_big_batch_far_from_its_end_is_polled_not_probed_on_every_commit(

@@ -129,12 +129,13 @@ async def test_ids_are_looked_up_never_joined_to_paths(tmp_path: Path, bad: str)
         await catalog.get_sample(catalog.run_id(tmp_path / "run"), bad)
 
 
-async def test_bad_filter_keys_are_a_value_error(tmp_path: Path) -> None:
+async def test_filter_keys_with_quotes_are_data_not_sql(tmp_path: Path) -> None:
     write_eval(tmp_path / "run", [make_sample(0, True)], "x")
     catalog = FilesCatalog([tmp_path], cache_dir=tmp_path / "cache")
     run = catalog.run_id(tmp_path / "run")
-    with pytest.raises(ValueError, match="quotes"):
-        await catalog.list_samples(run, SampleQuery(meta=('le"vel', "x")))
+    for key in ('le"vel', "le'vel", "$.level", "le\\vel"):
+        assert (await catalog.list_samples(run, SampleQuery(meta=(key, "hard")))).items == ()
+        assert (await catalog.list_samples(run, SampleQuery(sort=f"metric:{key}"))).total == 1
     page = await catalog.list_samples(run, SampleQuery(meta=("level", "hard")))
     assert [s.sample_id for s in page.items] == ["q000"]
     assert json.loads(json.dumps(page.items[0].metrics)) == {"correct": 1.0, "length": 1.0}

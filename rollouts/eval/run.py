@@ -27,7 +27,9 @@ How it runs:
   samples (same id, same row, same fingerprint: see rollouts.eval.resume) and reruns missing,
   failed and provider-error ones and rows whose content changed; the report covers them all.
   Samples recorded under other settings are never reused silently: that is an error naming
-  what changed, unless `rescore` (only the scorer changed) or `overwrite` is set.
+  what changed, unless `rescore` (only the scorer changed) or `overwrite` is set. One run
+  writes an output_dir at a time: it is locked (an OS file lock, `.rollouts.lock`, released
+  when the run ends or its process dies) and a second run is refused, naming the holder.
 * Memory stays flat however long the dataset: rows are read one at a time, the summary is
   accumulated as samples finish, and with an `output_dir` finished samples are not held
   (`report.samples` reads them back from samples.jsonl when first used; `keep_samples`).
@@ -46,6 +48,7 @@ from typing import Any
 import trio
 import trio.lowlevel
 
+from rollouts._dirlock import DirectoryLock
 from rollouts.dtypes import now_iso
 from rollouts.errors import AuthenticationError, ConfigurationError
 from rollouts.eval.config import (
@@ -247,22 +250,36 @@ class _Run:
         return tuple(sid for sid in order if sid not in self.in_flight)
 
 
-def _open(config: EvalConfig) -> tuple[Path | None, SampleLog | None, PreviousSamples | None]:
-    """The output directory, its samples log and what an earlier run recorded there."""
+@dataclass(frozen=True)
+class _Output:
+    """An output directory opened for this run: locked for it, its samples log, and what an
+    earlier run recorded there."""
+
+    path: Path
+    lock: DirectoryLock
+    log: SampleLog
+    previous: PreviousSamples | None
+
+
+def _open(config: EvalConfig) -> _Output | None:
+    """The output directory, locked for this run (DirectoryInUseError if another run writes it)."""
     if config.output_dir is None:
-        return None, None, None
+        return None
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if config.overwrite:
-        remove_previous(out)
-    check_report(out, config)
-    log = SampleLog(out / SAMPLES_FILE)  # (drops a torn last line before the index is read)
+    lock = DirectoryLock.acquire(out, "evaluate() output_dir")  # (creates the directory)
+    log: SampleLog | None = None
     try:
+        if config.overwrite:
+            remove_previous(out)
+        check_report(out, config)
+        log = SampleLog(out / SAMPLES_FILE)  # (drops a torn last line before the index is read)
         previous = PreviousSamples(out, config)
     except BaseException:
-        log.close()
+        if log is not None:
+            log.close()
+        lock.release()
         raise
-    return out, log, previous if len(previous) else None
+    return _Output(out, lock, log, previous if len(previous) else None)
 
 
 def _with_limiters(config: EvalConfig) -> EvalConfig:
@@ -358,7 +375,11 @@ async def evaluate(
         n = workers if workers is not None else 1
         checked = check_workers(config, n, worker_config)  # (also refuses workers < 1)
         shipped = checked if n > 1 else None
-    out, log, previous = _open(config)
+    run_cfg = _with_limiters(config)
+    run_cfg.fingerprint  # noqa: B018 (computed once, before any sample: it reads source files)
+    output = _open(config)
+    out, log = (output.path, output.log) if output is not None else (None, None)
+    previous = output.previous if output is not None else None
     length = _dataset_len(dataset, config.max_samples)
     if config.epochs > 1:
         dataset = epoch_rows(dataset, config.epochs, config.max_samples)
@@ -371,8 +392,6 @@ async def evaluate(
     keep = config.keeps_samples
     run = _Run(config, out, progress, log, previous, None if keep else SummaryBuilder(), results={} if keep else None)
     run.epochs = epoch_reducer(config)
-    run_cfg = _with_limiters(config)
-    run_cfg.fingerprint  # noqa: B018 (computed once, before any sample: it reads source files)
 
     async def run_samples() -> None:
         async with trio.open_nursery() as nursery:
@@ -393,15 +412,19 @@ async def evaluate(
         # Synchronous (no checkpoint, so cancellation cannot interrupt it) and protected from a
         # second Ctrl-C: report.json is always written, atomically.
         progress.close()
-        if log is not None:
-            log.close()
-        report = run.report(status, error, started_at, t0)
-        if out is not None:
-            data = report.to_dict(include_ids=False)
-            data["sample_ids"] = StreamedList(report.ids)  # (written one by one: flat at 100,000 rows)
-            write_json_atomic(out / REPORT_FILE, data)
-            if run.epochs is not None:
-                write_epochs(out, run.epochs)
+        try:
+            if log is not None:
+                log.close()
+            report = run.report(status, error, started_at, t0)
+            if out is not None:
+                data = report.to_dict(include_ids=False)
+                data["sample_ids"] = StreamedList(report.ids)  # (written one by one: flat at 100,000 rows)
+                write_json_atomic(out / REPORT_FILE, data)
+                if run.epochs is not None:
+                    write_epochs(out, run.epochs)
+        finally:
+            if output is not None:
+                output.lock.release()  # the directory's last write is done
         return report
 
     status: ReportStatus = "failed"

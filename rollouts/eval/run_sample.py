@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from rollouts import tracing as _tracing
+from rollouts._awaitable import maybe_await as _maybe_await
 from rollouts.agents import run_agent
 from rollouts.dtypes import Actor, AgentState, Message, StopReason, Trajectory
 from rollouts.environments.base import Environment
@@ -35,12 +36,6 @@ from rollouts.run_config import RunConfig
 _log = logging.getLogger("rollouts.eval.run")
 
 __all__ = ["close_environment", "evaluate_sample", "rescore_sample", "takes_row"]
-
-
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
 
 
 def takes_row(fn: Callable[..., Any]) -> bool:

@@ -38,6 +38,7 @@ from typing import Any
 import trio
 
 from rollouts import tracing as _tracing
+from rollouts._dirlock import DirectoryLock
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ConfigurationError
 from rollouts.gepa.adapter import Candidate, EvaluationBatch, GEPAAdapter
@@ -102,6 +103,7 @@ class GEPAEngine:
         self.valset = list(valset)
         self.config = config
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._lock: DirectoryLock | None = None  # held on run_dir while run() runs
         self.callbacks = tuple(callbacks)
         self.candidate_selector = candidate_selector(config.candidate_selection)
         self.component_selector = component_selector(config.component_selection)
@@ -160,7 +162,7 @@ class GEPAEngine:
         if self.run_dir is None:
             self._init_state()
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = DirectoryLock.acquire(self.run_dir, "GEPA run_dir")  # one writer (released by run())
         saved = load_state(self.run_dir)
         if saved is None:
             self._init_state()
@@ -181,6 +183,11 @@ class GEPAEngine:
                 "(max_metric_calls, --budget); its result so far is in result.json"
             )
         self.state = saved
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            lock.release()
 
     def _init_state(self) -> None:
         self.state = GEPAState(
@@ -537,7 +544,11 @@ class GEPAEngine:
         """Run (or resume) to the end. Cancelling `cancel_scope`, or reaching `timeout_s`,
         ends the run at once with the best candidate so far; outside cancellation propagates
         (the last checkpoint stays)."""
-        self._load()
+        try:
+            self._load()
+        except BaseException:
+            self._release_lock()
+            raise
         self._started = time.monotonic()
         scope = cancel_scope if cancel_scope is not None else trio.CancelScope()
         if self.config.timeout_s is not None:
@@ -559,6 +570,7 @@ class GEPAEngine:
                 stop = "timeout" if trio.current_time() >= scope.deadline else "cancelled"
         finally:
             self.journal.close()
+            self._release_lock()
         if not self.state.candidates:  # cancelled before the seed was evaluated
             self.state.add_candidate(CandidateRecord(0, dict(self.seed_candidate), valset_size=len(self.valset)))
         result = self.state.to_result(stop, self.config.max_metric_calls, str(self.run_dir) if self.run_dir else None)

@@ -23,13 +23,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from rollouts.config import BaseModelConfig
 from rollouts.dtypes import Message
-from rollouts.errors import ConfigurationError
 from rollouts.service import accounts, queue
 from rollouts.service.accounts import VersionSpec
 from rollouts.service.auth import bearer_token
 from rollouts.service.execution import BUILTIN_SCORERS, ENVIRONMENTS
+from rollouts.service.policy import PolicyError, ServicePolicy
 from rollouts.service.progress import BatchChanges
 from rollouts.service.requests import ApiError, integer, invalid, number, obj, parse_json, string, string_list
 from rollouts.service.store import Store
@@ -38,6 +37,7 @@ __all__ = ["ApiLimits", "create_app"]
 
 _log = logging.getLogger("rollouts.service.api")
 _REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_BUILTIN_POLICY = ServicePolicy()
 _UNAUTHORIZED = {"error": {"code": "unauthorized", "message": "a valid bearer token is required"}}
 
 
@@ -153,40 +153,56 @@ def _query_int(request: Request, name: str, default: int, minimum: int, maximum:
 # ---- validation of agents and tasks ---------------------------------------------------------------
 
 
-def parse_endpoint(body: Mapping[str, Any], field: str = "endpoint", required: bool = True) -> dict[str, Any] | None:
+def _policy(ctx: _Ctx | None) -> ServicePolicy:
+    policy = ctx.extra.get("policy") if ctx is not None else None
+    return policy if isinstance(policy, ServicePolicy) else _BUILTIN_POLICY
+
+
+def parse_endpoint(
+    body: Mapping[str, Any], field: str = "endpoint", required: bool = True, policy: ServicePolicy | None = None
+) -> dict[str, Any] | None:
+    """The endpoint object `body[field]`, if the operator's policy allows it (its credential,
+    address, provider and extra_params; see rollouts.service.policy): 422 naming the field."""
     spec = obj(body, field, required=required)
     if spec is None:
         return None
-    if "api_key" in spec:
-        raise invalid(
-            f"{field}.api_key",
-            "API keys are never sent to the service: workers read them from their environment; name the "
-            "variable with api_key_env",
-        )
     string(spec, "model", prefix=f"{field}.", required=True, non_empty=True, max_len=200)
     try:
-        BaseModelConfig.from_dict(spec, source=field).resolve()
-    except (ConfigurationError, TypeError, ValueError) as e:
-        raise invalid(field, str(e)) from None
-    return dict(spec)
+        return (policy or _BUILTIN_POLICY).check_endpoint(spec, field)
+    except PolicyError as e:
+        raise invalid(e.field, e.reason) from None
 
 
-def parse_environment(body: Mapping[str, Any]) -> str | None:
+def parse_environment(body: Mapping[str, Any], policy: ServicePolicy | None = None) -> str | None:
     env = string(body, "environment", max_len=300)
-    if env is not None and env != "none" and env not in ENVIRONMENTS and not _REF.match(env):
-        raise invalid(
-            "environment", f"must be one of {', '.join(sorted(ENVIRONMENTS))}, 'none' or module:Class, got {env!r}"
-        )
+    if env is not None and env != "none" and env not in ENVIRONMENTS:
+        if not _REF.match(env):
+            raise invalid(
+                "environment",
+                f"must be one of {', '.join(sorted(ENVIRONMENTS))}, 'none' or module:Class, got {env!r}",
+            )
+        _allowed_import(policy, env, "environment")
     return env
 
 
-def parse_score(body: Mapping[str, Any], name: str = "score", prefix: str = "", required: bool = False) -> str | None:
+def _allowed_import(policy: ServicePolicy | None, ref: str, field: str) -> None:
+    try:
+        (policy or _BUILTIN_POLICY).check_import(ref, field)
+    except PolicyError as e:
+        raise invalid(e.field, e.reason) from None
+
+
+def parse_score(
+    body: Mapping[str, Any], name: str = "score", prefix: str = "", required: bool = False,
+    policy: ServicePolicy | None = None,
+) -> str | None:  # fmt: skip
     ref = string(body, name, prefix=prefix, required=required, max_len=300)
     if ref is None:
         return None
     if ":" in ref:
         if not _REF.match(ref):
             raise invalid(f"{prefix}{name}", f"must look like module:function, got {ref!r}")
+        _allowed_import(policy, ref, f"{prefix}{name}")
         return ref
     unknown = [n.strip() for n in ref.split(",") if n.strip() not in BUILTIN_SCORERS]
     if unknown:
@@ -246,10 +262,12 @@ def parse_tasks(
     return out
 
 
-def version_spec(body: Mapping[str, Any], base: Mapping[str, Any] | None) -> VersionSpec:
+def version_spec(
+    body: Mapping[str, Any], base: Mapping[str, Any] | None, policy: ServicePolicy | None = None
+) -> VersionSpec:
     """A version from the body, fields it does not give taken from `base` (the active version)."""
-    endpoint = parse_endpoint(body, required=base is None)
-    environment = parse_environment(body)
+    endpoint = parse_endpoint(body, required=base is None, policy=policy)
+    environment = parse_environment(body, policy)
     system_prompt = string(body, "system_prompt", max_len=200_000)
     max_turns = integer(body, "max_turns", minimum=1, maximum=1000)
     tags = string_list(body, "tags", max_items=100)
@@ -270,7 +288,7 @@ async def create_agent(ctx: _Ctx, request: Request, ws: str) -> Response:
     body = await read_body(request, ctx.limits.max_body_bytes)
     name = string(body, "name", required=True, non_empty=True, max_len=200)
     assert name is not None
-    spec = version_spec(body, None)
+    spec = version_spec(body, None, _policy(ctx))
     return ok(await ctx.store.call(accounts.create_agent, ws, name, spec), 201)
 
 
@@ -300,7 +318,7 @@ async def create_version(ctx: _Ctx, request: Request, ws: str) -> Response:
         raise not_found("agent")
     parent = integer(body, "parent_version", minimum=1)
     source = string(body, "source", max_len=50) or "api"
-    spec = version_spec(body, active)
+    spec = version_spec(body, active, _policy(ctx))
     version = await ctx.store.call(
         accounts.add_version, ws, agent_id, spec, source=source, parent_version=parent or active["version"]
     )
@@ -341,7 +359,7 @@ async def create_batch(ctx: _Ctx, request: Request, ws: str) -> Response:
     timeout_ms = integer(config, "timeout_per_task_ms", prefix="config.", minimum=1, maximum=86_400_000) or 30_000
     deadline = number(config, "deadline_s", prefix="config.", minimum=0.001, maximum=ctx.limits.max_deadline_s)
     model = string(config, "model", prefix="config.", max_len=200, non_empty=True)
-    score = parse_score(config, prefix="config.")
+    score = parse_score(config, prefix="config.", policy=_policy(ctx))
     unknown = sorted(set(config) - {"parallelism", "timeout_per_task_ms", "deadline_s", "model", "score"})
     if unknown:
         raise invalid(
@@ -352,6 +370,10 @@ async def create_batch(ctx: _Ctx, request: Request, ws: str) -> Response:
         if wanted is not None and await ctx.store.read(accounts.get_agent, ws, agent_id) is not None:
             raise not_found(f"version {wanted} of agent {agent_id}", "agent_version")
         raise not_found(f"agent {agent_id}", "agent_id")
+    try:  # (the version's endpoint as this batch runs it: its model may be replaced)
+        _policy(ctx).check_endpoint(version["endpoint"], "endpoint", model)
+    except PolicyError as e:
+        raise invalid("config.model" if model else f"agent_version.{e.field}", e.reason) from None
     stored_config = {"parallelism": parallelism, "timeout_per_task_ms": timeout_ms, "model": model, "score": score}
     summary, created = await ctx.store.call(
         queue.create_batch,
@@ -500,12 +522,15 @@ async def openapi_schema(ctx: _Ctx, request: Request, ws: str) -> Response:
 
 
 def create_app(
-    store: Store, *, limits: ApiLimits | None = None, gepa: Any = None, changes: BatchChanges | None = None
-) -> Starlette:
+    store: Store, *, limits: ApiLimits | None = None, gepa: Any = None, changes: BatchChanges | None = None,
+    policy: ServicePolicy | None = None,
+) -> Starlette:  # fmt: skip
     """The API over `store`. `gepa` (a `rollouts.service.gepa_jobs.GEPAJobs`) serves the GEPA
     job routes; without it they answer 503. `changes` (running) wakes batch event streams when
-    workers write (PostgreSQL); without it they poll every `ApiLimits.sse_poll_s`."""
-    ctx = _Ctx(store, limits or ApiLimits(), {"gepa": gepa, "changes": changes})
+    workers write (PostgreSQL); without it they poll every `ApiLimits.sse_poll_s`. `policy` is
+    the operator's (which credentials, addresses and imports requests may use; the built-in
+    one without it)."""
+    ctx = _Ctx(store, limits or ApiLimits(), {"gepa": gepa, "changes": changes, "policy": policy})
     from rollouts.service import gepa_routes
 
     def r(path: str, handler: Handler, methods: list[str], public: bool = False) -> Route:

@@ -62,6 +62,7 @@ from rollouts.errors import AuthenticationError, ConfigurationError
 from rollouts.eval.config import EvalConfig, Row
 from rollouts.eval.run_sample import rescore_sample
 from rollouts.eval.sample import Sample
+from rollouts.service import queue
 
 if TYPE_CHECKING:
     from rollouts.service.store import Store
@@ -73,9 +74,7 @@ QUEUE_FILE = "queue.sqlite"
 ERROR_PREFIX = "rollouts worker error: "  # the last stderr line of a worker that could not start
 CONFIG_ERROR_EXIT = 3  # a worker could not build its config: restarting it would not help
 MAX_ATTEMPTS = 3  # a task whose worker died this many times is recorded as failed
-_BATCH = "eval"
-_WORKSPACE = "eval"
-_FAR_S = 10 * 365 * 86400.0  # the batch has no deadline (sample_timeout_s bounds each sample)
+_BATCH = "eval"  # the local batch (queue.create_local_batch)
 _STOP_GRACE_S = 10.0  # how long a stopping worker may take to put its tasks back
 
 
@@ -191,63 +190,6 @@ def check_workers(
 
 
 # --------------------------------------------------------------------------------------------
-# The queue (SQL on the service schema: one workspace, agent and batch)
-# --------------------------------------------------------------------------------------------
-
-
-def _create_batch(tx: Any, max_turns: int) -> None:
-    now = tx.dialect.now
-    tx.execute(f"INSERT INTO workspaces (id, name, created_at) VALUES (?, ?, {now})", (_WORKSPACE, _WORKSPACE))
-    tx.execute(
-        f"INSERT INTO agents (id, workspace_id, name, created_at) VALUES (?, ?, ?, {now})",
-        (_BATCH, _WORKSPACE, _BATCH),
-    )
-    tx.execute(
-        f"INSERT INTO agent_versions (agent_id, version, endpoint, max_turns, created_at) VALUES (?, 1, '{{}}', ?, {now})",
-        (_BATCH, max_turns),
-    )
-    tx.execute(
-        "INSERT INTO batches (id, workspace_id, agent_id, agent_version, system_prompt, config, task_count, "
-        f"parallelism, timeout_per_task_ms, deadline_at, created_at) "
-        f"VALUES (?, ?, ?, 1, '', '{{}}', 0, ?, ?, {now} + ?, {now})",
-        (_BATCH, _WORKSPACE, _BATCH, 2**31 - 1, int(_FAR_S * 1000), _FAR_S),
-    )
-
-
-def _enqueue(tx: Any, tasks: list[tuple[str, int, str]]) -> None:
-    tx.many(
-        f"INSERT INTO tasks (batch_id, task_id, seq, input, status, queued_at) "
-        f"VALUES ('{_BATCH}', ?, ?, ?, 'queued', {tx.dialect.now})",
-        tasks,
-    )
-
-
-def _take_finished(tx: Any) -> list[tuple[str, str, str, str | None, str | None]]:
-    """Finished tasks, removed from the queue: (task_id, status, input, result, error)."""
-    rows = tx.execute(
-        "DELETE FROM tasks WHERE batch_id = ? AND status IN ('completed', 'failed', 'timeout') "
-        "RETURNING task_id, status, input, result, error",
-        (_BATCH,),
-    )
-    return [(str(t), str(s), str(i), r, e) for t, s, i, r, e in rows]
-
-
-def _requeue_dead(tx: Any, worker_id: str, how: str) -> None:
-    """Put the tasks of a worker process that died back in the queue (failed after MAX_ATTEMPTS)."""
-    tx.execute(
-        f"UPDATE tasks SET status = 'failed', error = 'the worker process running it died ' || attempts || "
-        f"' times (last: {how})', finished_at = {tx.dialect.now}, lease_owner = NULL, lease_expires_at = NULL "
-        "WHERE lease_owner = ? AND status = 'running' AND attempts >= ?",
-        (worker_id, MAX_ATTEMPTS),
-    )
-    tx.execute(
-        "UPDATE tasks SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL "
-        "WHERE lease_owner = ? AND status = 'running'",
-        (worker_id,),
-    )
-
-
-# --------------------------------------------------------------------------------------------
 # Worker processes
 # --------------------------------------------------------------------------------------------
 
@@ -342,7 +284,7 @@ class _Pool:
                 reason = said[-1][len(ERROR_PREFIX) :] if said else tail
                 self.fatal(ConfigurationError(f"a worker process could not build its EvalConfig: {reason}"))
                 return
-            await self.store.call(_requeue_dead, worker_id, how)
+            await self.store.call(queue.requeue_lost, worker_id, how, MAX_ATTEMPTS)
             self.restarts += 1
             if self.restarts > 3 * self.workers:
                 self.fatal(
@@ -399,17 +341,17 @@ def _row_json(row: Row, sid: str) -> str:
         ) from None
 
 
-def _sample_of(run: Any, task_id: str, status: str, input_text: str, result: str | None, error: str | None) -> Sample:
-    if status == "completed" and result:
-        data = json.loads(result)
+def _sample_of(run: Any, task: queue.FinishedTask) -> Sample:
+    if task.status == "completed" and task.result:
+        data = json.loads(task.result)
         if "auth_error" in data:
             raise AuthenticationError(data["auth_error"])
         return Sample.from_dict(data["sample"])
     return Sample(
-        id=task_id,
-        input=json.loads(input_text),
+        id=task.task_id,
+        input=json.loads(task.input),
         status="failed",
-        error=error or f"the task ended {status} in the worker queue",
+        error=task.error or f"the task ended {task.status} in the worker queue",
         fingerprint=run.config.fingerprint.to_dict(),
     )
 
@@ -428,7 +370,7 @@ async def run_with_workers(
     fatal: list[BaseException] = []
     try:
         store = await Store.open(str(directory / QUEUE_FILE), max_connections=4)
-        await store.call(_create_batch, config.effective_max_turns)
+        await store.call(queue.create_local_batch, _BATCH, config.effective_max_turns)
         payload = WorkerPayload(
             sys_path=tuple(sys.path),
             db_path=str(directory / QUEUE_FILE),
@@ -517,16 +459,16 @@ async def _feed_and_collect(
                         batch.append(receive.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                await store.call(_enqueue, batch)
+                await store.call(queue.enqueue, _BATCH, batch)
                 pool.wake()
 
     async def collect() -> None:
         while not (fed.is_set() and not tokens):
             pool.results = signal = trio.Event()  # (before the query: no signal is missed)
-            finished = await store.call(_take_finished)
-            for task_id, status, input_text, result, error in finished:
-                if task_id in tokens:  # (always: a task is taken out of the queue once)
-                    await record(_sample_of(run, task_id, status, input_text, result, error))
+            finished = await store.call(queue.take_finished, _BATCH)
+            for task in finished:
+                if task.task_id in tokens:  # (always: a task is taken out of the queue once)
+                    await record(_sample_of(run, task))
             if not finished:
                 # a worker signals each result it records; the timeout covers tasks the
                 # queue itself finishes (a worker lost MAX_ATTEMPTS times)
@@ -556,11 +498,11 @@ async def _feed_and_collect(
             await pool.stop()
             with trio.CancelScope(shield=True) as drain:
                 drain.deadline = trio.current_time() + _STOP_GRACE_S
-                for task_id, status, input_text, result, error in await store.call(_take_finished):
-                    if task_id not in tokens or status != "completed":
+                for task in await store.call(queue.take_finished, _BATCH):
+                    if task.task_id not in tokens or task.status != "completed":
                         continue
                     try:
-                        sample = _sample_of(run, task_id, status, input_text, result, error)
+                        sample = _sample_of(run, task)
                     except AuthenticationError:
                         continue
                     await record(sample)

@@ -10,8 +10,9 @@ find their batches again by idempotency key, so no rollout is paid for twice. On
 best prompt becomes a new agent version (`source: "gepa"`, parent: the version the job started
 from), promoted if the request asked for it.
 
-The reflection model's key, like the workers' keys, comes from the server's environment
-(`reflection_model.api_key_env`).
+The reflection model, like an agent's endpoint, may use only what the operator's policy
+allows (rollouts.service.policy): its key comes from a credential the operator configured,
+read from the server's environment, and is sent only to that credential's addresses.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import trio
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from rollouts.config import BaseModelConfig
 from rollouts.errors import RolloutsError
 from rollouts.gepa.checkpoint import STATE_FILE
 from rollouts.gepa.events import GEPAEvent
@@ -45,6 +45,7 @@ from rollouts.service.api import (
     read_body,
 )
 from rollouts.service.gepa_adapter import ServiceAdapter
+from rollouts.service.policy import ServicePolicy
 from rollouts.service.requests import boolean, integer, number, string
 from rollouts.service.store import Store
 
@@ -61,13 +62,15 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-async def start_job(store: Store, ws: str, agent_id: str, body: dict[str, Any], max_tasks: int) -> dict[str, Any]:
+async def start_job(
+    store: Store, ws: str, agent_id: str, body: dict[str, Any], max_tasks: int, policy: ServicePolicy | None = None
+) -> dict[str, Any]:
     """Check a job request (`POST /v1/agents/{id}/gepa`'s body) and store the job, queued."""
     trainset = parse_tasks(body, "trainset", max_tasks, ids_required=False)
     valset = parse_tasks(body, "valset", max_tasks, ids_required=False) if body.get("valset") is not None else None
-    score = parse_score(body, required=True)
+    score = parse_score(body, required=True, policy=policy)
     budget = integer(body, "max_metric_calls", required=True, minimum=1, maximum=10_000_000)
-    reflection = parse_endpoint(body, "reflection_model")
+    reflection = parse_endpoint(body, "reflection_model", policy=policy)
     cfg = {
         "trainset": [{"task_id": t, **inp} for t, inp in trainset],
         "valset": [{"task_id": t, **inp} for t, inp in valset] if valset else None,
@@ -100,8 +103,10 @@ class GEPAJobs:
         lease_s: float = 30.0,
         max_jobs: int = 2,
         poll_s: float = 1.0,
+        policy: ServicePolicy | None = None,
     ) -> None:
         self.store = store
+        self.policy = policy or ServicePolicy()
         self.data_dir = Path(data_dir or os.path.join(tempfile.gettempdir(), "rollouts-gepa-jobs"))
         self.lease_s = lease_s
         self.max_jobs = max_jobs
@@ -195,7 +200,7 @@ class GEPAJobs:
         run_dir.mkdir(parents=True, exist_ok=True)
         if job["checkpoint"]:
             (run_dir / STATE_FILE).write_text(job["checkpoint"], encoding="utf-8")
-        reflection = BaseModelConfig.from_dict(cfg["reflection_model"], source="reflection_model").to_endpoint()
+        reflection = self.policy.endpoint(cfg["reflection_model"])
         adapter = ServiceAdapter(await self._batch_runner(job), key_prefix=f"gepa:{job_id}")
 
         async def on_event(event: GEPAEvent) -> None:
@@ -277,7 +282,7 @@ class GEPAJobs:
     async def start(self, ws: str, agent_id: str, body: dict[str, Any], max_tasks: int) -> dict[str, Any]:
         """Store a job from a request body (the API's JSON, or the UI's form) and wake the runner.
         Raises ApiError naming the field for bad input, 404 for an unknown agent or version."""
-        job = await start_job(self.store, ws, agent_id, body, max_tasks)
+        job = await start_job(self.store, ws, agent_id, body, max_tasks, self.policy)
         self._wake.set()
         return job
 

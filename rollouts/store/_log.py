@@ -14,6 +14,8 @@ Crash safety:
   `flock` on the file, so writers in several processes (or threads) never interleave;
 * before writing, an incomplete last line (left by a writer killed mid-write) is cut off, so the
   new line never glues onto it; readers ignore such a line and report it;
+* a write that fails (disk full, a file size limit) is cut back to where it started, so an
+  append is all or none and the same append can be retried;
 * `session.json` is replaced atomically: temp file, fsync, rename, fsync of the directory.
 
 Every record is written with known secret values masked (`rollouts.redaction.redact_json`).
@@ -21,6 +23,7 @@ Every record is written with known secret values masked (`rollouts.redaction.red
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -74,6 +77,20 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+def _append_or_undo(fd: int, size: int, data: bytes, fsync: bool) -> None:
+    """Write `data` at the end of the file (`size` bytes, the lock held) and fsync if asked;
+    if any of it fails (disk full, a file size limit), the file is cut back to `size`, so a
+    failed append leaves nothing behind (the caller may retry the same append)."""
+    try:
+        _write_all(fd, data)
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        raise
 
 
 def _cut_torn_tail(fd: int, path: Path, size: int) -> int:
@@ -174,9 +191,7 @@ def append(
                 if count != expected:
                     raise LogConflict(count)
             try:
-                _write_all(fd, data)
-                if fsync:
-                    os.fsync(fd)
+                _append_or_undo(fd, size, data, fsync)
             except OSError as e:
                 raise SessionError(f"cannot append to {path}: {e.strerror or e}") from e
         finally:
@@ -259,9 +274,8 @@ class LogLock:
     def append(self, data: bytes) -> None:
         """Append whole lines and fsync them (the lock is held)."""
         assert self.fd >= 0 and data.endswith(b"\n")
-        _cut_torn_tail(self.fd, self.path, os.fstat(self.fd).st_size)
-        _write_all(self.fd, data)
-        os.fsync(self.fd)
+        size = _cut_torn_tail(self.fd, self.path, os.fstat(self.fd).st_size)
+        _append_or_undo(self.fd, size, data, fsync=True)
 
     def release(self) -> None:
         fd, self.fd = self.fd, -1

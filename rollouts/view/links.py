@@ -64,6 +64,10 @@ class ServerLinks:
     def compare(self, a: str, b: str, **query: Any) -> str | None:
         return self._u("/compare" + _query({"a": a, "b": b, **query}))
 
+    def compare_form(self) -> str | None:
+        """Where the compare form is sent (its fields give the runs)."""
+        return self._u("/compare")
+
     def gepa_runs(self) -> str:
         return self._u("/gepa")
 
@@ -126,6 +130,9 @@ class BundleLinks:
         return self._rel(f"evals/{run_id}/{sample_file_name(sample_id)}.html")
 
     def compare(self, a: str, b: str, **query: Any) -> str | None:
+        return None
+
+    def compare_form(self) -> str | None:
         return None
 
     def gepa_runs(self) -> str:

@@ -60,14 +60,27 @@ def render_page(links: Links, title: str, body: str) -> str:
     return render("page.html", links, title=title, body=Markup(body))
 
 
-def _int(params: Params, name: str, default: int = 0) -> int:
+INT_PARAM_MAX = 10**9  # a page number, offset or limit above this is a mistake (and would overflow SQL)
+
+
+def _int(params: Params, name: str, default: int = 0, maximum: int = INT_PARAM_MAX) -> int:
     raw = params.get(name, "")
     if raw == "":
         return default
+    if len(raw) > 30:  # (int() of a huge text is slow; no valid value is that long)
+        raise ValueError(f"{name} must be a whole number up to {maximum}, got {raw[:30]!r}...")
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise ValueError(f"{name} must be a whole number, got {raw!r}") from None
+    if abs(value) > maximum:
+        raise ValueError(f"{name} must be a whole number up to {maximum}, got {raw}")
+    return value
+
+
+def offset_param(params: Params, default: int = 0) -> int:
+    """The `offset` query parameter (0 when absent; 400 when not a number or too big)."""
+    return _int(params, "offset", default)
 
 
 def _float(params: Params, name: str) -> float | None:
@@ -91,7 +104,7 @@ def _pair(params: Params, name: str) -> tuple[str, str] | None:
 
 
 def _page_number(params: Params) -> int:
-    return max(1, _int(params, "page", 1))
+    return max(1, _int(params, "page", 1, maximum=INT_PARAM_MAX // 1000))
 
 
 # --------------------------------------------------------------------------------------------
