@@ -120,7 +120,10 @@ def _processes_with(token: str) -> list[int]:
 async def test_sandbox_leaves_no_process_behind(ws: Path) -> None:
     token = f"{4000 + os.getpid() % 1000}.{trio.current_time():.0f}"
     await _outside(f"setsid sleep {token} > /dev/null 2>&1 < /dev/null &", ws)
-    left = _processes_with(token)
+    for _ in range(500):  # the detached child may not have exec'd `sleep` yet when bash returns
+        if left := _processes_with(token):
+            break
+        await trio.sleep(0.01)
     assert left, "the control: outside the sandbox, a setsid'd sleep outlives its command"
     for pid in left:
         os.kill(pid, 9)

@@ -47,6 +47,7 @@ from rollouts.errors import ConfigurationError
 
 if TYPE_CHECKING:  # (the CLI imports the library lazily, for start-up time)
     from rollouts.eval.config import Dataset, EvalConfig
+    from rollouts.eval.executor import Executor
     from rollouts.eval.report import EvalReport
 
 EXAMPLES = """\
@@ -224,7 +225,7 @@ def summary_text(report: EvalReport) -> str:
 
 
 async def _run(
-    dataset: Dataset, eval_config: EvalConfig, workers: int | None = None, worker_config: Any = None
+    dataset: Dataset, eval_config: EvalConfig, executor: Executor | None = None
 ) -> tuple[EvalReport | None, bool]:
     """evaluate() under a SIGINT receiver: Ctrl-C cancels it (results so far are kept)."""
     from rollouts.eval.run import evaluate, load_report
@@ -232,7 +233,7 @@ async def _run(
     report = None
     async with stopped_by_ctrl_c("finished samples are kept (run again to resume)") as (eval_scope, pressed):
         with eval_scope:
-            report = await evaluate(dataset, eval_config, workers=workers, worker_config=worker_config)
+            report = await evaluate(dataset, eval_config, executor=executor)
     interrupted = pressed.is_set()
     if report is None:
         if eval_config.output_dir is None:
@@ -277,11 +278,14 @@ def main(args: argparse.Namespace) -> int:
     eval_config = replace(eval_config, output_dir=output)
     if output.exists() and not args.json:
         print(f"{'starting over' if args.overwrite else 'resuming'} in {output}", file=sys.stderr)
-    workers = args.workers if args.workers and args.workers > 1 else None
-    # Worker processes rebuild the same EvalConfig from the same arguments (its callables are
-    # closures: they cannot be sent to another process).
-    worker_config = functools.partial(eval_config_from_args, args) if workers else None
-    report, interrupted = trio.run(_run, dataset_of(args), eval_config, workers, worker_config)
+    executor: Executor | None = None
+    if args.workers and args.workers > 1:
+        from rollouts.service.eval_workers import WorkerPool
+
+        # Worker processes rebuild the same EvalConfig from the same arguments (its callables
+        # are closures: they cannot be sent to another process).
+        executor = WorkerPool(args.workers, worker_config=functools.partial(eval_config_from_args, args))
+    report, interrupted = trio.run(_run, dataset_of(args), eval_config, executor)
     return _exit_status(args, report, interrupted)
 
 

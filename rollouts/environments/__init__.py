@@ -9,6 +9,7 @@ from rollouts.environments.calculator import CalculatorEnvironment
 from rollouts.environments.coding import PRESETS, CodingEnvironment
 from rollouts.environments.compose import ComposedEnvironment, compose
 from rollouts.environments.git_worktree import GitError, GitWorktreeEnvironment
+from rollouts.environments.mcp import MCPEnvironment, MCPServer
 from rollouts.environments.sandbox import (
     BubblewrapSandbox,
     DockerSandbox,
@@ -35,6 +36,8 @@ __all__ = [
     "EnvironmentBase",
     "GitError",
     "GitWorktreeEnvironment",
+    "MCPEnvironment",
+    "MCPServer",
     "Sandbox",
     "SandboxLimits",
     "SandboxUnavailable",

@@ -37,11 +37,10 @@ How it runs:
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +63,7 @@ from rollouts.eval.config import (
     default_prepare_messages,
 )
 from rollouts.eval.epochs import EpochReducer, EpochRow, epoch_reducer, epoch_rows, with_epochs, write_epochs
+from rollouts.eval.executor import Executor, InProcess, Submit, with_limiters
 from rollouts.eval.fingerprint import messages_hash
 from rollouts.eval.ids import SampleIds
 from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, SampleLog, StreamedList, write_json_atomic
@@ -74,7 +74,6 @@ from rollouts.eval.run_sample import error_text, evaluate_sample, rescore_sample
 from rollouts.eval.sample import Sample
 from rollouts.eval.summary import SummaryBuilder
 from rollouts.providers import client_scope
-from rollouts.run_config import RunConfig
 
 __all__ = [
     "Dataset",
@@ -282,43 +281,55 @@ def _open(config: EvalConfig) -> _Output | None:
     return _Output(out, lock, log, previous if len(previous) else None)
 
 
-def _with_limiters(config: EvalConfig) -> EvalConfig:
-    """`config` with the run's model-call and tool limiters (shared by every sample)."""
-    rc = config.run_config or RunConfig()
-    model_limiter, tool_limiter = config.limiters()
-    rc = replace(rc, max_turns=config.effective_max_turns, model_limiter=model_limiter, tool_limiter=tool_limiter)
-    return replace(config, run_config=rc)
+async def _feed(run: _Run, dataset: Dataset, run_cfg: EvalConfig, executor: Executor) -> None:
+    """Pull rows while a slot is free and decide for each: the executor runs it, or its record
+    is re-scored (here) or reused. Returns when every row is recorded."""
+    slots = trio.CapacityLimiter(executor.capacity(run.config))
+    tokens: dict[str, object] = {}  # rows handed to the executor, not yet recorded: their slots
 
-
-async def _feed(run: _Run, dataset: Dataset, run_cfg: EvalConfig, nursery: trio.Nursery) -> None:
-    """Pull rows while a slot is free and start each one: run it, reuse or re-score its record."""
-    config = run.config
-    slots = trio.CapacityLimiter(config.max_concurrent)
-
-    async def run_one(work: Any, token: object) -> None:
-        try:
-            sample = await work()
-        except AuthenticationError as e:
-            run.fatal.append(e)
-            nursery.cancel_scope.cancel()
-            return
-        finally:
-            slots.release_on_behalf_of(token)
+    async def record(sample: Sample) -> None:
         run.record(sample)
+        token = tokens.pop(sample.id, None)
+        if token is not None:
+            slots.release_on_behalf_of(token)
 
-    async with aclosing(admitted_rows(run, dataset, slots)) as admitted:
-        async for token, sid, row, decision in admitted:
-            if decision == "run":
-                nursery.start_soon(run_one, functools.partial(evaluate_sample, row, sid, run_cfg), token)
-            elif decision == "rescore":
-                assert run.previous is not None
-                run.rescored += 1
-                nursery.start_soon(run_one, functools.partial(rescore_sample, run.previous.load(sid), run_cfg), token)
-            else:
-                assert run.previous is not None
-                slots.release_on_behalf_of(token)
-                run.reused += 1
-                run.record(run.previous.load(sid), reused=True)
+    async def feed(submit: Submit) -> None:
+        failed: list[Exception] = []  # (raised after the nursery: as itself, not in an exception group)
+        async with trio.open_nursery() as rescoring:
+
+            async def rescore_one(sample: Sample, token: object) -> None:
+                try:
+                    done = await rescore_sample(sample, run_cfg)
+                except AuthenticationError as e:  # (an LLM judge's key: every sample would fail)
+                    failed.append(e)
+                    rescoring.cancel_scope.cancel()
+                    return
+                finally:
+                    slots.release_on_behalf_of(token)
+                run.record(done)
+
+            try:
+                async with aclosing(admitted_rows(run, dataset, slots)) as admitted:
+                    async for token, sid, row, decision in admitted:
+                        if decision == "run":
+                            tokens[sid] = token
+                            await submit(row, sid)
+                        elif decision == "rescore":
+                            assert run.previous is not None
+                            run.rescored += 1
+                            rescoring.start_soon(rescore_one, run.previous.load(sid), token)
+                        else:
+                            assert run.previous is not None
+                            slots.release_on_behalf_of(token)
+                            run.reused += 1
+                            run.record(run.previous.load(sid), reused=True)
+            except Exception as e:
+                failed.append(e)
+                rescoring.cancel_scope.cancel()
+        if failed:
+            raise failed[0]
+
+    await executor.run(run_cfg, feed, record)
 
 
 async def admitted_rows(
@@ -354,28 +365,22 @@ async def evaluate(
     dataset: Dataset,
     config: EvalConfig,
     *,
-    workers: int | None = None,
-    worker_config: Callable[[], EvalConfig] | None = None,
+    executor: Executor | None = None,
 ) -> EvalReport:
     """Evaluate every row of `dataset` (any iterable or async iterable of dicts, read lazily).
 
     Returns an EvalReport with samples in dataset order. See the module docstring for
     concurrency, failure isolation, persistence and resume.
 
-    `workers=N` (N > 1) runs the samples in N worker processes on this machine, through an
-    embedded queue database, with the same output directory, resume and report (see
-    rollouts.service.eval_workers: callables must then be importable by reference, or built in each
-    worker by `worker_config`, a picklable zero-argument callable returning the EvalConfig).
-    None or 1: everything runs in this process."""
+    `executor` runs the samples (rollouts.eval.executor); by default `InProcess()`, in this
+    process. `executor=WorkerPool(N)` (rollouts.service.eval_workers) runs them in N worker
+    processes on this machine, through an embedded queue database, with the same output
+    directory, resume and report (its callables must then be importable by reference, or built
+    in each worker by its `worker_config`)."""
     started_at, t0 = now_iso(), time.perf_counter()
-    shipped: tuple[bytes, bool] | None = None  # the config as worker processes receive it
-    if workers is not None or worker_config is not None:
-        from rollouts.service.eval_workers import check_workers
-
-        n = workers if workers is not None else 1
-        checked = check_workers(config, n, worker_config)  # (also refuses workers < 1)
-        shipped = checked if n > 1 else None
-    run_cfg = _with_limiters(config)
+    executor = executor if executor is not None else InProcess()
+    executor.prepare(config)  # (refuses what cannot run there before any file is written)
+    run_cfg = with_limiters(config)
     run_cfg.fingerprint  # noqa: B018 (computed once, before any sample: it reads source files)
     output = _open(config)
     out, log = (output.path, output.log) if output is not None else (None, None)
@@ -394,18 +399,10 @@ async def evaluate(
     run.epochs = epoch_reducer(config)
 
     async def run_samples() -> None:
-        async with trio.open_nursery() as nursery:
-            try:
-                if shipped is None:
-                    await _feed(run, dataset, run_cfg, nursery)
-                else:
-                    from rollouts.service.eval_workers import run_with_workers
-
-                    assert workers is not None
-                    await run_with_workers(run, dataset, run_cfg, workers, *shipped)
-            except Exception as e:  # the dataset itself is broken, or a resume mismatch: stop everything
-                run.fatal.append(e)
-                nursery.cancel_scope.cancel()
+        try:
+            await _feed(run, dataset, run_cfg, executor)
+        except Exception as e:  # the dataset is broken, a resume mismatch, an AuthenticationError: stop
+            run.fatal.append(e)
 
     @trio.lowlevel.enable_ki_protection
     def finish(status: ReportStatus, error: str | None) -> EvalReport:

@@ -35,7 +35,7 @@ from rollouts.run_config import RunConfig
 
 _log = logging.getLogger("rollouts.eval.run")
 
-__all__ = ["close_environment", "evaluate_sample", "rescore_sample", "takes_row"]
+__all__ = ["close_environment", "evaluate_sample", "finish_sample", "rescore_sample", "takes_row"]
 
 
 def takes_row(fn: Callable[..., Any]) -> bool:
@@ -268,7 +268,7 @@ async def _score(config: EvalConfig, sample: Sample, deadline: float, timeout_te
     return replace(sample, score=score)
 
 
-async def _finish(config: EvalConfig, sample: Sample) -> Sample:
+async def finish_sample(config: EvalConfig, sample: Sample) -> Sample:
     """Call on_sample_end; if it raises, the sample is recorded as failed with that error."""
     if config.on_sample_end is None:
         return sample
@@ -310,20 +310,20 @@ async def _evaluate_sample(row: Row, sample_id: str, config: EvalConfig, environ
     run = _Run(config, row, sample_id)
     made = await _set_up(run, environment)
     if isinstance(made, Sample):
-        return await _finish(config, made)
+        return await finish_sample(config, made)
     messages, env = made
     owned_env = env if environment is None else None  # made by the factory: ours to close
     states: list[AgentState] = []
     try:
         agent = await _run_agent(run, messages, env, states)
         if isinstance(agent, Sample):
-            return await _finish(config, agent)
+            return await finish_sample(config, agent)
         sample = _agent_outcome(run, agent)
         if sample.status == "completed":
             sample = await _score(config, sample, run.deadline, run.timeout_text)
             if sample.status == "completed":  # the duration covers scoring too
                 sample = replace(sample, metadata=run.metadata(agent.attempts, agent.states))
-        return await _finish(config, sample)
+        return await finish_sample(config, sample)
     finally:
         if owned_env is not None:
             # The loop clones the environment before each turn's tools: close the latest copy
@@ -342,7 +342,7 @@ async def rescore_sample(sample: Sample, config: EvalConfig) -> Sample:
     timeout_text = f"timed out after {config.sample_timeout_s}s (EvalConfig.sample_timeout_s)"
     rescored = await _score(config, replace(sample, score=None, fingerprint=fingerprint), deadline, timeout_text)
     meta = {**rescored.metadata, "rescored": True, "rescore_duration_s": round(time.perf_counter() - started, 6)}
-    return await _finish(config, replace(rescored, metadata=meta))
+    return await finish_sample(config, replace(rescored, metadata=meta))
 
 
 async def close_environment(env: Environment) -> None:

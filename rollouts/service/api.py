@@ -9,6 +9,7 @@ same body every time. Bad input is a 4xx whose JSON error names the field; bodie
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -38,6 +39,7 @@ __all__ = ["ApiLimits", "create_app"]
 _log = logging.getLogger("rollouts.service.api")
 _REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _BUILTIN_POLICY = ServicePolicy()
+_MAX_VERSION = 2**31 - 1  # (an INTEGER column: larger numbers exist nowhere)
 _UNAUTHORIZED = {"error": {"code": "unauthorized", "message": "a valid bearer token is required"}}
 
 
@@ -77,8 +79,20 @@ def _times(data: Any) -> Any:
     return data
 
 
+class _JSON(JSONResponse):
+    """JSON as UTF-8; text that is not valid Unicode (a lone surrogate a model wrote, stored
+    losslessly) goes out as its `\\uXXXX` escape, so any stored text can be read back."""
+
+    def render(self, content: Any) -> bytes:
+        text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def ok(data: Any, status: int = 200) -> JSONResponse:
-    return JSONResponse(_times(data), status_code=status)
+    return _JSON(_times(data), status_code=status)
 
 
 def not_found(what: str, field: str | None = None) -> ApiError:
@@ -129,15 +143,15 @@ def _route(ctx: _Ctx, handler: Handler, public: bool = False) -> Callable[[Reque
         except ApiError as e:
             if e.status == 401:
                 return JSONResponse(_UNAUTHORIZED, status_code=401, headers={"www-authenticate": "Bearer"})
-            return JSONResponse(e.body(), status_code=e.status)
+            return _JSON(e.body(), status_code=e.status)
 
     return endpoint
 
 
 def _path_int(request: Request, name: str) -> int:
-    raw = request.path_params[name]
-    if not str(raw).isdigit() or int(raw) < 1:
-        raise invalid(name, f"must be a version number (1, 2, ...), got {raw!r}")
+    raw = str(request.path_params[name])
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 10 or not 1 <= int(raw) <= _MAX_VERSION:
+        raise invalid(name, f"must be a version number (1, 2, ... up to {_MAX_VERSION}), got {raw[:40]!r}")
     return int(raw)
 
 
@@ -145,7 +159,7 @@ def _query_int(request: Request, name: str, default: int, minimum: int, maximum:
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not minimum <= int(raw) <= maximum:
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18 or not minimum <= int(raw) <= maximum:
         raise invalid(name, f"must be an integer between {minimum} and {maximum}, got {raw!r}")
     return int(raw)
 
@@ -237,7 +251,7 @@ def parse_tasks(
         if tid in seen:
             raise invalid(f"{p}.task_id", f"duplicate task_id {tid!r} (also {name}[{seen[tid]}])")
         seen[tid] = i
-        user = string(task, "user_message", prefix=f"{p}.")
+        user = string(task, "user_message", prefix=f"{p}.", nul=True)  # (stored inside JSON: any text)
         messages = task.get("messages")
         if (user is None) == (messages is None):
             raise invalid(p, "give exactly one of user_message or messages")
@@ -286,6 +300,7 @@ def version_spec(
 
 async def create_agent(ctx: _Ctx, request: Request, ws: str) -> Response:
     body = await read_body(request, ctx.limits.max_body_bytes)
+    _known_fields(body, ("name", *_VERSION_FIELDS))
     name = string(body, "name", required=True, non_empty=True, max_len=200)
     assert name is not None
     spec = version_spec(body, None, _policy(ctx))
@@ -310,17 +325,34 @@ async def list_versions(ctx: _Ctx, request: Request, ws: str) -> Response:
     return ok({"versions": versions})
 
 
+_VERSION_FIELDS = ("endpoint", "environment", "system_prompt", "max_turns", "tags")
+
+
+def _known_fields(body: Mapping[str, Any], known: tuple[str, ...], prefix: str = "") -> None:
+    """422 naming the first field `body` has that is not in `known` (a misspelt or misplaced
+    field is never silently dropped)."""
+    unknown = sorted(set(body) - set(known))
+    if unknown:
+        raise invalid(f"{prefix}{unknown[0]}", f"unknown field; known: {', '.join(sorted(known))}")
+
+
 async def create_version(ctx: _Ctx, request: Request, ws: str) -> Response:
+    """A new version: the fields the body gives, the others taken from `parent_version` (default:
+    the active version). `source` is the service's ("api"; "gepa" for a GEPA job's)."""
     agent_id = request.path_params["agent_id"]
     body = await read_body(request, ctx.limits.max_body_bytes)
-    active = await ctx.store.read(accounts.get_version, ws, agent_id, None)
-    if active is None:
+    if "source" in body:
+        raise invalid("source", 'is set by the service ("api" for a version made through this route), not by a request')
+    _known_fields(body, (*_VERSION_FIELDS, "parent_version"))
+    parent = integer(body, "parent_version", minimum=1, maximum=_MAX_VERSION)
+    base = await ctx.store.read(accounts.get_version, ws, agent_id, parent)
+    if base is None:
+        if parent is not None and await ctx.store.read(accounts.get_agent, ws, agent_id) is not None:
+            raise not_found(f"version {parent} of agent {agent_id}", "parent_version")
         raise not_found("agent")
-    parent = integer(body, "parent_version", minimum=1)
-    source = string(body, "source", max_len=50) or "api"
-    spec = version_spec(body, active, _policy(ctx))
+    spec = version_spec(body, base, _policy(ctx))
     version = await ctx.store.call(
-        accounts.add_version, ws, agent_id, spec, source=source, parent_version=parent or active["version"]
+        accounts.add_version, ws, agent_id, spec, source="api", parent_version=base["version"]
     )
     if version is None:
         raise not_found("agent")
@@ -348,9 +380,10 @@ async def promote_version(ctx: _Ctx, request: Request, ws: str) -> Response:
 
 async def create_batch(ctx: _Ctx, request: Request, ws: str) -> Response:
     body = await read_body(request, ctx.limits.max_body_bytes)
+    _known_fields(body, ("agent_id", "agent_version", "system_prompt", "idempotency_key", "tasks", "config"))
     agent_id = string(body, "agent_id", required=True, non_empty=True, max_len=100)
     assert agent_id is not None
-    wanted = integer(body, "agent_version", minimum=1)
+    wanted = integer(body, "agent_version", minimum=1, maximum=_MAX_VERSION)
     system_prompt = string(body, "system_prompt", max_len=200_000)
     key = string(body, "idempotency_key", max_len=200, non_empty=True)
     tasks = parse_tasks(body, "tasks", ctx.limits.max_tasks)
@@ -387,8 +420,22 @@ async def create_batch(ctx: _Ctx, request: Request, ws: str) -> Response:
         timeout_per_task_ms=timeout_ms,
         deadline_s=deadline or ctx.limits.default_deadline_s,
         idempotency_key=key,
+        request_digest=_digest(body) if key is not None else None,
     )
+    if summary is None:
+        raise ApiError(
+            409,
+            "conflict",
+            f"idempotency_key {key!r} was used for a batch with a different request: a retry sends the same body, "
+            "a new batch a new key",
+            "idempotency_key",
+        )
     return ok(summary, 201 if created else 200)
+
+
+def _digest(body: Mapping[str, Any]) -> str:
+    """What a retry of the request has in common with it: its body as JSON, canonical."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 async def get_batch(ctx: _Ctx, request: Request, ws: str) -> Response:
@@ -399,7 +446,7 @@ async def get_batch(ctx: _Ctx, request: Request, ws: str) -> Response:
         raise not_found("batch")
     # (a result's only time is finished_at: converted here, not by walking up to 1,000 results)
     results = [r | {"finished_at": iso(r["finished_at"])} for r in batch.pop("results")]
-    return JSONResponse(_times(batch) | {"results": results})
+    return _JSON(_times(batch) | {"results": results})
 
 
 async def cancel_batch(ctx: _Ctx, request: Request, ws: str) -> Response:

@@ -62,16 +62,23 @@ _PREVIEW = 160
 # ---- SQL over JSON, per dialect ---------------------------------------------------------------------
 
 
+def _jsonb(col: str) -> str:
+    """The JSON text in `col` as jsonb, whatever text it holds: jsonb refuses the escapes `\\u0000`
+    and lone surrogates, which a task's input or a model's reply may hold (the text column keeps
+    them; here, for filtering and sorting only, they read as U+FFFD)."""
+    return f"(regexp_replace({col}, '\\\\u(0000|[dD][89a-fA-F][0-9a-fA-F]{{2}})', '\\\\ufffd', 'g'))::jsonb"
+
+
 def _num(d: Dialect, col: str, *path: str) -> str:
     """A number inside the JSON text in `col` (NULL when absent)."""
     if d.is_postgres:
-        return f"(({col})::jsonb #>> '{{{','.join(path)}}}')::double precision"
+        return f"({_jsonb(col)} #>> '{{{','.join(path)}}}')::double precision"
     return f"json_extract({col}, '$.{'.'.join(path)}')"
 
 
 def _text(d: Dialect, col: str, *path: str) -> str:
     if d.is_postgres:
-        return f"(({col})::jsonb #>> '{{{','.join(path)}}}')"
+        return f"({_jsonb(col)} #>> '{{{','.join(path)}}}')"
     return f"CAST(json_extract({col}, '$.{'.'.join(path)}') AS TEXT)"
 
 
@@ -79,7 +86,7 @@ def _metric(d: Dialect, col: str) -> str:
     """The value of the metric named by the next placeholder, in a result's score."""
     if d.is_postgres:
         return (
-            f"(SELECT (m->>'value')::double precision FROM jsonb_array_elements(({col})::jsonb #> '{{score,metrics}}') m "
+            f"(SELECT (m->>'value')::double precision FROM jsonb_array_elements({_jsonb(col)} #> '{{score,metrics}}') m "
             "WHERE m->>'name' = ? LIMIT 1)"
         )
     return (
@@ -111,7 +118,7 @@ def _response(d: Dialect, col: str) -> str:
             "WHEN 'array' THEN (SELECT string_agg(b.value ->> 'text', '' ORDER BY b.i) "
             "FROM jsonb_array_elements(m.value -> 'content') WITH ORDINALITY AS b(value, i) "
             "WHERE b.value ->> 'type' = 'text') END "
-            f"FROM jsonb_array_elements(({col})::jsonb #> '{{trajectory,messages}}') WITH ORDINALITY AS m(value, i) "
+            f"FROM jsonb_array_elements({_jsonb(col)} #> '{{trajectory,messages}}') WITH ORDINALITY AS m(value, i) "
             "WHERE m.value ->> 'role' = 'assistant' ORDER BY m.i DESC LIMIT 1)"
         )
     return (
@@ -127,7 +134,7 @@ def sample_columns(d: Dialect, t: str = "t") -> SampleColumns:
     """Where a sample's fields are in the `tasks` table (alias `t`), for the viewer's one query
     compiler (rollouts.view._sql): a batch's tasks filter and sort as a run's samples do."""
     if d.is_postgres:
-        meta = f"(({t}.input)::jsonb -> 'context' ->> ?)"
+        meta = f"({_jsonb(f'{t}.input')} -> 'context' ->> ?)"
     else:
         meta = f"(SELECT CAST(c.value AS TEXT) FROM json_each({t}.input, '$.context') c WHERE c.key = ?)"
     return SampleColumns(

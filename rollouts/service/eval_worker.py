@@ -1,4 +1,4 @@
-"""A worker process of evaluate(..., workers=N) (see rollouts.service.eval_workers): started by the
+"""A worker process of evaluate()'s WorkerPool (see rollouts.service.eval_workers): started by the
 parent as `python -m rollouts.service.eval_worker`, it reads its WorkerPayload from stdin,
 rebuilds the EvalConfig, and runs the service's Worker loop (claim under a lease, heartbeats,
 idempotent results) with `evaluate_sample` as the task. It stops when its stdin closes (the
@@ -28,7 +28,7 @@ import trio.lowlevel
 
 from rollouts.errors import AuthenticationError
 from rollouts.eval.config import EvalConfig
-from rollouts.eval.run import _with_limiters
+from rollouts.eval.executor import with_limiters
 from rollouts.eval.run_sample import evaluate_sample
 from rollouts.service.eval_workers import CONFIG_ERROR_EXIT, ERROR_PREFIX, WorkerPayload
 from rollouts.service.execution import TaskOutcome
@@ -82,7 +82,7 @@ def _build_config(payload: WorkerPayload) -> EvalConfig:
             f"the EvalConfig built in the worker differs from the parent's in {', '.join(differs)}: "
             "worker_config must build the same config"
         )
-    return replace(_with_limiters(config), max_concurrent=payload.concurrency)
+    return replace(with_limiters(config), max_concurrent=payload.concurrency)
 
 
 async def _work(payload: WorkerPayload, config: EvalConfig) -> None:

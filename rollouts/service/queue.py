@@ -132,20 +132,22 @@ def create_batch(
     timeout_per_task_ms: int,
     deadline_s: float,
     idempotency_key: str | None = None,
-) -> tuple[dict[str, Any], bool]:
+    request_digest: str | None = None,
+) -> tuple[dict[str, Any] | None, bool]:
     """(the batch summary, created). With an `idempotency_key` already used in the workspace,
-    the existing batch is returned instead (created False)."""
+    the existing batch is returned instead (created False) -- or None when both requests give
+    a `request_digest` and they differ (the key was reused for another request)."""
     now = tx.dialect.now
     if idempotency_key is not None:
-        existing = _batch_with_key(tx, workspace_id, idempotency_key)
+        existing = _batch_with_key(tx, workspace_id, idempotency_key, request_digest)
         if existing is not None:
-            return _summary(tx, existing), False
+            return (_summary(tx, existing) if existing else None), False
     bid = new_id("b")
     # (ON CONFLICT: on PostgreSQL a concurrent request with the same key may have won meanwhile)
     tx.execute(
         f"INSERT INTO batches (id, workspace_id, agent_id, agent_version, system_prompt, config, task_count, "
-        f"parallelism, timeout_per_task_ms, idempotency_key, deadline_at, created_at) "
-        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now} + ?, {now}) "
+        f"parallelism, timeout_per_task_ms, idempotency_key, request_digest, deadline_at, created_at) "
+        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now} + ?, {now}) "
         "ON CONFLICT (workspace_id, idempotency_key) DO NOTHING",
         (
             bid,
@@ -158,14 +160,15 @@ def create_batch(
             parallelism,
             timeout_per_task_ms,
             idempotency_key,
+            request_digest,
             float(deadline_s),
         ),
     )
     if tx.rowcount == 0:
         assert idempotency_key is not None
-        existing = _batch_with_key(tx, workspace_id, idempotency_key)
+        existing = _batch_with_key(tx, workspace_id, idempotency_key, request_digest)
         assert existing is not None
-        return _summary(tx, existing), False
+        return (_summary(tx, existing) if existing else None), False
     queued_at = tx.one(f"SELECT {now}")
     assert queued_at is not None
     if tx.dialect.is_postgres:
@@ -191,9 +194,17 @@ def create_batch(
     return _summary(tx, bid), True
 
 
-def _batch_with_key(tx: Tx, workspace_id: str, key: str) -> str | None:
-    row = tx.one("SELECT id FROM batches WHERE workspace_id = ? AND idempotency_key = ?", (workspace_id, key))
-    return str(row[0]) if row is not None else None
+def _batch_with_key(tx: Tx, workspace_id: str, key: str, digest: str | None) -> str | None:
+    """The id of the workspace's batch with `key`; "" when its request's digest is not `digest`
+    (both known); None when there is none."""
+    row = tx.one(
+        "SELECT id, request_digest FROM batches WHERE workspace_id = ? AND idempotency_key = ?", (workspace_id, key)
+    )
+    if row is None:
+        return None
+    if digest is not None and row[1] is not None and row[1] != digest:
+        return ""
+    return str(row[0])
 
 
 def _summary(tx: Tx, batch_id: str) -> dict[str, Any]:

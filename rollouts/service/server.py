@@ -115,29 +115,27 @@ async def serve(
     over this database, behind the same tokens) under /ui. `policy_file` is the operator's
     policy (rollouts.service.policy; default `$ROLLOUTS_SERVICE_POLICY`, else the built-in
     one), given to the local workers too, as is `worker_lease_s` (their task lease)."""
-    from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
+
+    from rollouts.view.server import hypercorn_config
 
     policy = ServicePolicy.from_env(policy_file)
     store = await Store.open(db_url, max_connections=16)
     try:
         async with trio.open_nursery() as nursery:
+            changes = BatchChanges(store)
+            await nursery.start(changes.run)
             jobs: Any = None
             if gepa_jobs:
                 from rollouts.service.gepa_jobs import GEPAJobs
 
-                jobs = GEPAJobs(store, data_dir=data_dir, lease_s=job_lease_s, policy=policy)
+                jobs = GEPAJobs(store, data_dir=data_dir, lease_s=job_lease_s, policy=policy, changes=changes)
                 nursery.start_soon(jobs.run)
-            changes = BatchChanges(store)
-            await nursery.start(changes.run)
             app: Any = create_app(store, limits=limits, gepa=jobs, changes=changes, policy=policy)
             if ui:
                 app = with_ui(app, store, jobs, limits or ApiLimits())
-            config = Config()
-            config.bind = [f"{host}:{port}"]
-            config.accesslog = None
-            config.errorlog = None  # errors are logged by the app, without request details
-            config.graceful_timeout = 1.0
+            # (errors are logged by the app, without request details)
+            config = hypercorn_config(host, port, access_log=None, error_log=None)
             binds = await nursery.start(hypercorn_serve, app, config)
             nursery.start_soon(_sweeper, store, 5.0)
             for n in range(workers):
