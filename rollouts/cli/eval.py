@@ -30,6 +30,7 @@ from rollouts.cli.common import (
     read_system_prompt,
     stopped_by_ctrl_c,
 )
+from rollouts.cli.mcp_args import add_mcp_args, check_mcp_args, with_mcp_factory
 from rollouts.cli.tasks import (
     add_task_args,
     builtin_scorers,
@@ -98,6 +99,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     add_model_args(p)
     add_env_args(p)
+    add_mcp_args(p)
     g = p.add_argument_group("evaluation")
     add_task_args(g, system_prompt_help="system prompt added before each row's messages")
     g.add_argument("--list-scorers", action="store_true", help="list the built-in scorers and exit")
@@ -319,6 +321,8 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
         factory = environment_factory(args.env or str(config.defaults.get("env") or "basic"), args.cwd)
     else:
         factory = builtin.environment_factory
+    check_mcp_args(getattr(args, "mcp", []))
+    factory = with_mcp_factory(factory, getattr(args, "mcp", []))
     max_turns = args.max_turns if args.max_turns is not None or builtin is None else builtin.max_turns
     stem = builtin.name if builtin is not None else Path(args.dataset).stem
     name = args.name or slug(f"{stem}-{endpoint.provider}-{endpoint.model}")
