@@ -1,4 +1,4 @@
-"""evaluate() in-process vs evaluate(..., workers=N): the same single-call samples as
+"""evaluate() in-process vs evaluate(..., executor=WorkerPool(N)): the same single-call samples as
 benchmarks/evaluate.py (1,000 rows, 100 in flight in total, a fake OpenAI-compatible server in
 its own process answering after 50 ms, lean http transport, exact-match scoring, samples.jsonl).
 
@@ -32,6 +32,7 @@ import trio
 from rollouts import Endpoint, EvalConfig, Message, evaluate
 from rollouts.eval.sample import Sample, Score
 from rollouts.eval.scorers import combine, exact_match, extract_tag, metric
+from rollouts.service.eval_workers import WorkerPool
 
 _correct = combine(metric("correct", exact_match(extract=extract_tag("answer")), weight=1.0))
 
@@ -70,7 +71,7 @@ async def _timed(base_url: str, n: int, concurrency: int, workers: int | None) -
         ends: list[float] = []
         cpu0, t0 = _cpu_s(), time.perf_counter()
         config = _config(base_url, concurrency, out, lambda s: ends.append(time.perf_counter()))
-        report = await evaluate(rows, config, workers=workers)
+        report = await evaluate(rows, config, executor=WorkerPool(workers) if workers else None)
         wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
         lines = sum(1 for _ in (Path(out) / "samples.jsonl").open())
     counts = report.summary["counts"]

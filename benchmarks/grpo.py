@@ -1,7 +1,8 @@
 """GRPO on SmolLM2-135M-Instruct (CPU): held-out reward before and after, our loop against trl.
 
-Task: single-digit sums (a, b < 10: 100 pairs, 32 held out, the rest for training), asked with
-one worked example ("Answer with only the number." / "What is 2 + 3?" / "5" / "What is a + b?"),
+Task: single-digit sums (a, b < 10: 100 ordered pairs; 16 unordered pairs {a, b}, both orders,
+held out — 32 questions — so no held-out sum has its commuted twin in training, and never the
+prompt's worked example 2 + 3), asked with one worked example ("Answer with only the number." / "What is 2 + 3?" / "5" / "What is a + b?"),
 so the model replies with a bare number — and, greedily, mostly a wrong one: SmolLM2-135M writes
 "2 + 9 = 11" when it may show its work, but its direct answers are guesses (held-out exact match
 about 0.1). Sampled at temperature 1.0, about 5% of its replies are the right number: enough for
@@ -17,17 +18,22 @@ the equation form.)
    and `TorchBackend`; `--steps` steps of `--prompts-per-step` prompts x `--group` completions.
 2. reference: trl's `GRPOTrainer` on the same task, model (the same starting weights), group
    size, steps, learning rate, completion length and temperature (its own generation, not an
-   agent loop), with the rollout batch in one generation step as ours.
+   agent loop), with the rollout batch in one generation step as ours, the same learning-rate
+   schedule (`--lr-schedule`, constant by default) and the same objective (trl's defaults
+   loss_type "dapo" and scale_rewards "group" are ours: per-token loss, unbiased group std);
+   its model's held-out reward is measured before and after on the same held-out set, through
+   the same `evaluate()` path and greedy decoding as ours.
 3. multi-turn: the same loop through `CalculatorEnvironment` tool calls ("start from 0, add a,
    add b, then complete the task"), after one worked episode (2 + 1) given as real tool calls and
    results — from the tools' description alone SmolLM2-135M wrote no tool call at all —,
-   sampled at temperature 0.7: reward 1.0 when the run completed the task with the calculator at
+   sampled at temperature 0.7, its held-out pairs split off the same way (none shared with its
+   training rows, never its worked example 2 + 1): reward 1.0 when the run completed the task with the calculator at
    the sum, 0.5 when it made at least one valid tool call, else 0; held-out before and after.
 
 Peak memory is the process's peak RSS after our single-turn run (before trl is imported).
 Run: python benchmarks/grpo.py [--steps 25] [--model smollm2-135m | tiny]
-Last line: JSON with heldout_reward_before, heldout_reward_after, steps, sec_per_step,
-trl_sec_per_step, sec_per_step_ratio_to_trl, peak_rss_mb, multiturn_reward_before,
+Last line: JSON with heldout_reward_before, heldout_reward_after, trl_heldout_reward_before,
+trl_heldout_reward_after, steps, sec_per_step, trl_sec_per_step, sec_per_step_ratio_to_trl, peak_rss_mb, multiturn_reward_before,
 multiturn_reward_after, the reward curves and load_average (the machine's load when it ran).
 """
 
@@ -55,12 +61,15 @@ from rollouts.eval.config import EvalConfig
 from rollouts.eval.run import evaluate
 from rollouts.eval.sample import Metric, Sample, Score
 from rollouts.providers.tito import set_sampling_seed
+from rollouts.providers.transformers_local import register_transformers_model
 from rollouts.run_config import RunConfig
 from rollouts.training import GRPOConfig, grpo_train, load_causal_lm, local_policy
 from rollouts.training.tiny import tiny_chat_model
 
 SYSTEM = "Answer with only the number."
-EXAMPLE = (("What is 2 + 3?", "5"),)
+EXAMPLE_PAIR = (2, 3)
+EXAMPLE = ((f"What is {EXAMPLE_PAIR[0]} + {EXAMPLE_PAIR[1]}?", str(sum(EXAMPLE_PAIR))),)
+MULTI_EXAMPLE_PAIR = (2, 1)
 QUESTION = "What is {a} + {b}?"
 MULTI = "Use the calculator tools: start from 0, add {a}, then add {b}, then call complete_task with the result."
 
@@ -69,7 +78,7 @@ def _demo_calls() -> list[Message]:
     """One worked episode (2 + 1) as real tool calls and results: SmolLM2-135M writes no tool call
     from the tools' description alone (measured: 0 of 32 samples), and about half of its samples
     are calls after one demonstration."""
-    out = [Message("user", MULTI.format(a=2, b=1))]
+    out = [Message("user", MULTI.format(a=MULTI_EXAMPLE_PAIR[0], b=MULTI_EXAMPLE_PAIR[1]))]
     steps = [("add", {"value": 2}, "Added 2. Current value: 2"), ("add", {"value": 1}, "Added 1. Current value: 3"),
              ("complete_task", {"final_result": "3"}, "Task completed. Final result: 3")]  # fmt: skip
     for i, (name, arguments, result) in enumerate(steps):
@@ -86,13 +95,31 @@ def multiturn_messages(row: Mapping[str, Any]) -> list[Message]:
     return [*DEMO, Message("user", MULTI.format(**row))]
 
 
-def arithmetic_split(max_operand: int, heldout: int, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(training rows, held-out rows): every pair a, b < max_operand, shuffled, the first
-    `heldout` held out."""
-    pairs = [(a, b) for a in range(max_operand) for b in range(max_operand)]
+def arithmetic_split(
+    max_operand: int, heldout: int, seed: int, example: tuple[int, int]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training rows, held-out rows), held out honestly: the unordered pairs {a, b} (a, b <
+    max_operand) are shuffled and whole pairs — both orders — go to the held-out set until it has
+    `heldout` rows, so no held-out sum has its commuted twin in training; the prompt's worked
+    example is never held out (it stays with training, where the prompt shows it anyway)."""
+    pairs = [(a, b) for a in range(max_operand) for b in range(a, max_operand)]
     random.Random(seed).shuffle(pairs)
-    rows = [{"a": a, "b": b, "answer": str(a + b)} for a, b in pairs]
-    return rows[heldout:], rows[:heldout]
+    held: list[tuple[int, int]] = []
+    train: list[tuple[int, int]] = []
+    for a, b in pairs:
+        both = [(a, b)] if a == b else [(a, b), (b, a)]
+        if len(held) < heldout and {a, b} != set(example):
+            held += both
+        else:
+            train += both
+    rng = random.Random(seed + 1)
+    rng.shuffle(train)
+
+    def rows(items: list[tuple[int, int]]) -> list[dict[str, Any]]:
+        return [{"a": a, "b": b, "answer": str(a + b)} for a, b in items]
+
+    assert not {frozenset(p) for p in held} & {frozenset(p) for p in train}, "a held-out pair leaked into training"
+    return rows(train), rows(held)
 
 
 def _bare(sample: Sample) -> str:
@@ -188,6 +215,7 @@ async def run_ours(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         lr=args.lr,
+        lr_schedule=args.lr_schedule,
         checkpoint_every=10_000,
         seed=args.seed,
         prepare_messages=question_messages,
@@ -217,8 +245,15 @@ async def run_ours(
 
 
 def run_trl(
-    model: Any, tokenizer: Any, args: argparse.Namespace, rows: list[dict[str, Any]], out: Path
+    model: Any,
+    tokenizer: Any,
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    heldout: list[dict[str, Any]],
+    out: Path,
 ) -> dict[str, Any]:
+    """trl's GRPOTrainer on the same task; its model's held-out reward is measured before and
+    after through the same `evaluate()` path and greedy decoding as ours."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig as TRLConfig
@@ -257,7 +292,7 @@ def run_trl(
         num_generations=args.group,
         max_completion_length=args.max_tokens,
         learning_rate=args.lr,
-        lr_scheduler_type="constant",
+        lr_scheduler_type=args.lr_schedule,  # as ours; loss_type "dapo" and scale_rewards "group" are both defaults
         warmup_steps=0,
         weight_decay=0.0,
         adam_beta1=0.9,
@@ -276,16 +311,41 @@ def run_trl(
         disable_tqdm=True,
     )
     timer = StepTimer()
+    register_transformers_model("bench-trl", model, tokenizer)
+    before = trio.run(measure_single, "bench-trl", heldout, args)
+    print(f"trl: held-out reward before {before:.3f}", file=sys.stderr)
     trainer = GRPOTrainer(
-        model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer, callbacks=[timer]
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=data,
+        processing_class=copy.deepcopy(tokenizer),
+        callbacks=[timer],
     )
+    model.train()
     trainer.train()
+    trained = trainer.accelerator.unwrap_model(trainer.model).eval()
+    register_transformers_model("bench-trl", trained, tokenizer)
+    after = trio.run(measure_single, "bench-trl", heldout, args)
+    print(f"trl: held-out reward after {after:.3f}", file=sys.stderr)
     curve = [round(float(e["reward"]), 4) for e in trainer.state.log_history if "reward" in e]
-    return {"trl_sec_per_step": sum(timer.times) / len(timer.times), "trl_reward_curve": curve}
+    return {
+        "trl_heldout_reward_before": before,
+        "trl_heldout_reward_after": after,
+        "trl_sec_per_step": sum(timer.times) / len(timer.times),
+        "trl_reward_curve": curve,
+    }
+
+
+async def measure_single(name: str, heldout: list[dict[str, Any]], args: argparse.Namespace) -> float:
+    """Held-out exact match of the model registered as `name` (greedy, through evaluate())."""
+    return await heldout_reward(name, heldout, exact_sum, question_messages, max_tokens=args.max_tokens)
 
 
 async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    rows, heldout = arithmetic_split(args.max_operand, args.heldout_multiturn, seed=args.seed + 1)
+    rows, heldout = arithmetic_split(
+        args.max_operand, args.heldout_multiturn, seed=args.seed + 1, example=MULTI_EXAMPLE_PAIR
+    )
     config = GRPOConfig(
         output_dir=out,
         num_steps=args.multiturn_steps,
@@ -295,6 +355,7 @@ async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, ou
         temperature=args.multiturn_temperature,
         max_turns=4,
         lr=args.lr,
+        lr_schedule=args.lr_schedule,
         checkpoint_every=10_000,
         seed=args.seed,
         prepare_messages=multiturn_messages,
@@ -342,6 +403,9 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=6)
     parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument(
+        "--lr-schedule", default="constant", choices=("constant", "linear", "cosine"), help="ours and trl's alike"
+    )
     parser.add_argument("--heldout", type=int, default=32)
     parser.add_argument("--heldout-multiturn", type=int, default=8)
     parser.add_argument("--max-operand", type=int, default=10, help="a, b < this (default 10)")
@@ -367,7 +431,7 @@ def main() -> None:
     load_s = time.perf_counter() - t0
     print(f"loaded {args.model} in {load_s:.1f}s", file=sys.stderr)
     start = copy.deepcopy(model.state_dict())
-    rows, heldout = arithmetic_split(args.max_operand, args.heldout, seed=args.seed)
+    rows, heldout = arithmetic_split(args.max_operand, args.heldout, seed=args.seed, example=EXAMPLE_PAIR)
     result: dict[str, Any] = {"model": args.model, "steps": args.steps, "group": args.group}
     result["prompts_per_step"] = args.prompts_per_step
     with tempfile.TemporaryDirectory() as tmp:
@@ -376,8 +440,8 @@ def main() -> None:
         result["peak_rss_mb"] = round(peak_rss_mb(), 1)
         model.load_state_dict(start)
         if not args.skip_trl and not args.skip_single:
-            trl_model = copy.deepcopy(model).train()
-            result.update(run_trl(trl_model, tokenizer, args, rows, Path(tmp) / "trl"))
+            trl_model = copy.deepcopy(model)
+            result.update(run_trl(trl_model, tokenizer, args, rows, heldout, Path(tmp) / "trl"))
             del trl_model
             result["sec_per_step_ratio_to_trl"] = result["sec_per_step"] / result["trl_sec_per_step"]
         else:

@@ -188,7 +188,19 @@ def postgres_cpu_s(data_dir: Path) -> float:
 
 
 def _endpoint_spec(base_url: str) -> dict[str, Any]:
-    return {"model": "openai-compatible/fake", "api_base": base_url, "api_key_env": KEY_ENV, "transport": "http"}
+    return {"model": "openai-compatible/fake", "api_base": base_url, "credential": "bench", "transport": "http"}
+
+
+def _write_policy(tmp: Path, base_url: str) -> None:
+    """The operator's policy for the runs (read by serve and the workers through the environment):
+    credential `bench` (its key in KEY_ENV) reaches the fake provider; GEPA's scorer is this script's."""
+    from rollouts.service.policy import POLICY_ENV
+
+    path = tmp / "policy.toml"
+    path.write_text(
+        f'[credentials.bench]\nkey_env = "{KEY_ENV}"\nbase_urls = ["{base_url}"]\n[imports]\nallow = ["__main__"]\n'
+    )
+    os.environ[POLICY_ENV] = str(path)
 
 
 def _tasks(n: int) -> list[dict[str, Any]]:
@@ -312,8 +324,10 @@ def arith_score(sample: Sample) -> Score:
 async def run_gepa(db_url: str, base_url: str, budget: int) -> dict[str, Any]:
     from rollouts.gepa import optimize
     from rollouts.service import accounts
+    from rollouts.service.batch_tasks import BatchTasks
     from rollouts.service.client import ServiceClient
     from rollouts.service.gepa_adapter import ServiceAdapter
+    from rollouts.service.policy import ServicePolicy
     from rollouts.service.server import serve
     from rollouts.service.store import Store
     from rollouts.service.worker import Worker
@@ -339,7 +353,9 @@ async def run_gepa(db_url: str, base_url: str, budget: int) -> dict[str, Any]:
         url = await nursery.start(lambda task_status: serve(db_url, port=0, gepa_jobs=False, task_status=task_status))
         store = await Store.open(db_url)
         _, token = await store.call(accounts.create_token, "gepa")
-        await nursery.start(Worker(store, concurrency=64, max_poll_s=0.05).run)
+        await nursery.start(
+            Worker(store, run_task=BatchTasks(store, ServicePolicy.from_env()), concurrency=64, max_poll_s=0.05).run
+        )
         client = ServiceClient(url, token)
         try:
             agent = await client.create_agent("arith", _endpoint_spec(base_url))
@@ -417,6 +433,7 @@ async def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="rollouts-bench-"))
     pg: Any = None
     out: dict[str, Any] = {"tasks": args.tasks, "latency_s": args.latency, "concurrency": args.concurrency}
+    _write_policy(tmp, provider.base_url)
     try:
         inproc = await run_inprocess(provider.base_url, args.tasks, args.concurrency, provider.proc.pid)
         print(

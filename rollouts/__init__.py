@@ -57,6 +57,7 @@ from rollouts.errors import (
     AuthenticationError,
     ConfigurationError,
     ContextTooLongError,
+    DirectoryInUseError,
     ProviderConnectionError,
     ProviderError,
     RateLimitError,
@@ -194,6 +195,7 @@ __all__ = [
     # errors
     "AuthenticationError",
     "ConfigurationError",
+    "DirectoryInUseError",
     "ContextTooLongError",
     "ProviderConnectionError",
     "ProviderError",

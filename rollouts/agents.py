@@ -4,6 +4,10 @@ Every function takes a frozen state and returns a new one. Tool calls run in ord
 with a call (unknown tool, arguments that are not JSON or do not fit the schema, a tool that
 raises) become error tool results sent back to the model. Cancellation always propagates; what
 must be recorded on abort is recorded in a shielded scope.
+
+The stop and step handlers (`handle_stop_max_turns`, `compose_handlers`, ...) and
+`stdout_handler` live in `rollouts.handlers` and are importable from here too, as in the
+original rollouts.
 """
 
 from __future__ import annotations
@@ -13,14 +17,40 @@ from typing import Any
 
 import trio
 
+from rollouts import tracing as _tracing
 from rollouts._schema import argument_errors
 from rollouts.dtypes import Actor, AgentState, Message, StopReason, Tool, ToolCall, ToolResult, evolve, now_iso
 from rollouts.environments.base import Environment, clone_environment, environment_type_name
 from rollouts.errors import AuthenticationError, ContextTooLongError, ProviderError
 from rollouts.events import OnChunk, StreamEvent, ToolExecutionStart, ToolResultReceived
+from rollouts.handlers import (
+    compose_handlers,
+    handle_stop_cost_budget,
+    handle_stop_max_turns,
+    handle_stop_on_empty_message,
+    handle_stop_token_budget,
+    inject_tool_reminder,
+    inject_turn_warning,
+    stdout_handler,
+)
 from rollouts.providers import MessageBuilder, client_scope, get_provider_function
 from rollouts.run_config import RunConfig
 from rollouts.store.base import SessionConflictError, SessionStatus, SessionStore
+
+__all__ = [  # (the handlers are re-exported: the original rollouts' `from rollouts.agents import ...`)
+    "compose_handlers",
+    "handle_stop_cost_budget",
+    "handle_stop_max_turns",
+    "handle_stop_on_empty_message",
+    "handle_stop_token_budget",
+    "inject_tool_reminder",
+    "inject_turn_warning",
+    "process_pending_tools",
+    "rollout",
+    "run_agent",
+    "run_agent_step",
+    "stdout_handler",
+]
 
 _SCHEDULE_EVERY = 64  # streamed events between two full checkpoints (see run_agent_step)
 
@@ -41,6 +71,15 @@ async def rollout(actor: Actor, on_chunk: OnChunk, *, use_tito: bool = False) ->
     """One model call: route to the provider for `actor.endpoint` and return the actor with the
     new assistant message appended. With `use_tito` the provider's token-exact variant is used
     (`rollouts.providers.tito`) and the new Completion carries the call's TokenRecord."""
+    if _tracing.tracer is None:
+        return await _rollout(actor, on_chunk, use_tito)
+    with _tracing.span(_tracing.model_call_name(actor), _tracing.model_call_attributes(actor)) as span:
+        new_actor = await _rollout(actor, on_chunk, use_tito)
+        _tracing.set_attributes(span, _tracing.model_result_attributes(actor, new_actor))
+        return new_actor
+
+
+async def _rollout(actor: Actor, on_chunk: OnChunk, use_tito: bool) -> Actor:
     if use_tito:
         from rollouts.providers.tito import get_token_provider_function
 
@@ -101,11 +140,14 @@ async def _record(
                 )
 
 
-async def _record_added(rc: RunConfig, before: AgentState, after: AgentState) -> None:
-    """Record messages a handler appended."""
+async def _record_added(rc: RunConfig, before: AgentState, after: AgentState, tracker: _Tracker | None = None) -> None:
+    """Record messages a handler appended. The tracker learns the new state first, so a
+    cancellation from here on returns (and records after) what the session holds."""
     n = len(before.actor.trajectory.messages)
     added = after.actor.trajectory.messages[n:]
     if added:
+        if tracker is not None:
+            tracker.state = after
         await _record(rc, after, added)
 
 
@@ -114,6 +156,17 @@ def _error_result(call: ToolCall, text: str) -> ToolResult:
 
 
 async def _execute_tool(
+    env: Environment, tools: dict[str, Tool], call: ToolCall, state: AgentState, rc: RunConfig
+) -> ToolResult:
+    if _tracing.tracer is None:
+        return await _run_tool(env, tools, call, state, rc)
+    with _tracing.span(f"execute_tool {call.name}", _tracing.tool_attributes(call)) as span:
+        result = await _run_tool(env, tools, call, state, rc)
+        _tracing.tool_result(span, result)
+        return result
+
+
+async def _run_tool(
     env: Environment, tools: dict[str, Tool], call: ToolCall, state: AgentState, rc: RunConfig
 ) -> ToolResult:
     tool = tools.get(call.name)
@@ -204,7 +257,7 @@ async def process_pending_tools(
         if result.is_error and executed:
             before = state
             state = rc.handle_tool_error(result, state)
-            await _record_added(rc, before, state)
+            await _record_added(rc, before, state, _tracker)
         if result.stop_reason is not None and state.stop is None:
             state = evolve(state, stop=result.stop_reason)
     return evolve(state, pending_tool_calls=(), next_tool_idx=0)
@@ -213,13 +266,23 @@ async def process_pending_tools(
 async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: _Tracker | None = None) -> AgentState:
     """One step: stop checks, then either the pending tool calls of an interrupted turn or one
     model call followed by its tool calls. Returns the new state (turn_idx advanced)."""
+    if _tracing.tracer is None:
+        return await _step(state, run_config, _tracker)
+    with _tracing.span(f"turn {state.turn_idx}", {"rollouts.turn.index": state.turn_idx}) as span:
+        new = await _step(state, run_config, _tracker)
+        if new.stop is not None:
+            span.set_attribute("rollouts.stop_reason", new.stop.value)
+        return new
+
+
+async def _step(state: AgentState, run_config: RunConfig, _tracker: _Tracker | None) -> AgentState:
     rc = run_config
     # Every turn passes a checkpoint (a cancel point and a schedule point): a scripted model and
     # an in-memory environment never yield on their own, and cancellation must still land.
     await trio.lowlevel.checkpoint()
     before = state
     state = rc.handle_stop(state)
-    await _record_added(rc, before, state)
+    await _record_added(rc, before, state, _tracker)
     if state.stop is not None:
         return state
     if state.next_tool_idx < len(state.pending_tool_calls):
@@ -228,7 +291,7 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
 
     before = state
     state = rc.on_step_start(state)
-    await _record_added(rc, before, state)
+    await _record_added(rc, before, state, _tracker)
     if state.stop is not None:  # a step handler may end the run too
         return state
     env = state.environment
@@ -279,13 +342,13 @@ async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: 
     if env is not None:
         before = state
         state = await env.on_assistant_message(message, state)
-        await _record_added(rc, before, state)
+        await _record_added(rc, before, state, _tracker)
 
     calls = message.get_tool_calls()
     if not calls:
         before = state
         state = await rc.handle_no_tool(state, rc)
-        await _record_added(rc, before, state)
+        await _record_added(rc, before, state, _tracker)
         return evolve(state, turn_idx=state.turn_idx + 1)
     state = evolve(state, pending_tool_calls=calls, next_tool_idx=0)
     if _tracker is not None:
@@ -449,6 +512,15 @@ async def run_agent(state: AgentState, run_config: RunConfig) -> list[AgentState
     Cancelling `run_config.cancel_scope` ends the run gracefully: the last state returned is
     marked ABORTED and holds any partially streamed message. Cancellation from outside
     propagates as usual (after the abort is recorded in the session store)."""
+    if _tracing.tracer is None:
+        return await _run_agent(state, run_config)
+    with _tracing.span("invoke_agent", _tracing.agent_attributes(state)) as span:
+        states = await _run_agent(state, run_config)
+        _tracing.set_attributes(span, _tracing.agent_end_attributes(states))
+        return states
+
+
+async def _run_agent(state: AgentState, run_config: RunConfig) -> list[AgentState]:
     states = [state]
     tracker = _Tracker(state)
     async with client_scope():

@@ -25,6 +25,11 @@ from rollouts.redaction import redact_json, redact_secret_fields, register_endpo
 
 if TYPE_CHECKING:
     from rollouts.environments.base import Environment
+    from rollouts.eval.config import EvalConfig as EvalConfig
+    from rollouts.eval.sample import Metric as Metric
+    from rollouts.eval.sample import Sample as Sample
+    from rollouts.eval.sample import Score as Score
+    from rollouts.run_config import RunConfig as RunConfig
 
 Role = Literal["system", "user", "assistant", "tool"]
 _ROLES = ("system", "user", "assistant", "tool")
@@ -71,31 +76,38 @@ def evolve(obj: _D, **changes: Any) -> _D:
 # Endpoint
 # --------------------------------------------------------------------------------------------
 
-_SECRET_FIELDS = ("api_key",)
+_SECRET_FIELDS = ("api_key", "oauth_token")
+DEFAULT_MAX_TOKENS = 4096  # Endpoint.max_tokens' default; the embedded models read it as their own default
 
 
 @dataclass(frozen=True)
 class Endpoint:
     """Which model to call and how.
 
-    `api_key` is never printed (`repr`) and never emitted by `to_dict()` unless
-    `exclude_secrets=False` is passed explicitly. `transport` selects how OpenAI-compatible
+    `api_key` and `oauth_token` (an Anthropic OAuth access token, sent as a bearer token
+    instead of the key) are never printed (`repr`) and never emitted by `to_dict()` unless
+    `exclude_secrets=False` is passed explicitly; both are masked like keys in everything this
+    process prints or writes (`rollouts.redaction`). `transport` selects how OpenAI-compatible
     servers are reached: `"sdk"` (the official SDK), `"http"` (our lean httpx transport) or
     `"auto"` (the default: the lean transport for self-hosted servers — `openai-compatible`,
     `vllm`, `sglang`, `llamacpp`, `local` — and the SDK for `openai`).
+    `max_tokens` left at its default (4096) means, for the embedded `local` models (whose whole
+    context is 4096 tokens), that model's own default (1024: a looping small model cannot
+    generate for minutes); any other value is used as given.
     """
 
     provider: str
     model: str
     api_base: str = ""
     api_key: str = field(default="", repr=False)
-    max_tokens: int = 4096
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float | None = None
     thinking: Mapping[str, Any] | None = None
     max_retries: int = 3
     timeout: float = 120.0
     extra_params: Mapping[str, Any] | None = None
     transport: Literal["auto", "sdk", "http"] = "auto"
+    oauth_token: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if not self.provider:
@@ -114,11 +126,12 @@ class Endpoint:
             raise ValueError(f"Endpoint.transport must be 'auto', 'sdk' or 'http', got {self.transport!r}")
         _freeze_field(self, "thinking", optional=True)
         _freeze_field(self, "extra_params", optional=True)
-        if self.api_key or self.extra_params or self.api_base:
+        if self.api_key or self.oauth_token or self.extra_params or self.api_base:
             register_endpoint_secrets(self)  # a key this process has seen is never printed or written
 
     def to_dict(self, exclude_secrets: bool = True) -> dict[str, Any]:
-        """A JSON-ready dict. With the default `exclude_secrets=True` it has no `api_key` key, and
+        """A JSON-ready dict. With the default `exclude_secrets=True` it has no `api_key` or
+        `oauth_token` key, and
         secret-looking `extra_params` fields (headers with a key, ...) and `api_base` credentials
         read `[redacted]` (`rollouts.redaction.redact_secret_fields`)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -133,15 +146,19 @@ class Endpoint:
         return d
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], api_key: str = "") -> Endpoint:
-        """The Endpoint `to_dict` described, with `api_key` supplied separately (unknown keys
-        are a ValueError naming them)."""
+    def from_dict(cls, data: Mapping[str, Any], api_key: str = "", oauth_token: str = "") -> Endpoint:
+        """The Endpoint `to_dict` described, with `api_key` and `oauth_token` supplied separately
+        (a value given here wins over one in `data`; unknown keys are a ValueError naming them)."""
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"Endpoint.from_dict: unknown keys {sorted(unknown)}")
         kwargs = {k: v for k, v in data.items() if k not in _SECRET_FIELDS}
-        return cls(**kwargs, api_key=api_key or data.get("api_key", ""))
+        return cls(
+            **kwargs,
+            api_key=api_key or data.get("api_key", ""),
+            oauth_token=oauth_token or data.get("oauth_token", ""),
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -778,3 +795,25 @@ class AgentState:
 
 # Handler type aliases (the callables RunConfig holds are defined in rollouts.run_config).
 StopHandler: TypeAlias = Callable[[AgentState], AgentState]
+
+
+# The evaluation and run-configuration types, importable from here as in the original rollouts
+# (`from rollouts.dtypes import EvalConfig, RunConfig, Metric, Score`): they live in
+# rollouts.eval and rollouts.run_config, which import this module, so they are looked up when
+# first asked for.
+_ELSEWHERE = {
+    "EvalConfig": "rollouts.eval.config",
+    "Metric": "rollouts.eval.sample",
+    "Score": "rollouts.eval.sample",
+    "Sample": "rollouts.eval.sample",
+    "RunConfig": "rollouts.run_config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _ELSEWHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollouts.dtypes' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

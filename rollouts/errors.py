@@ -11,6 +11,10 @@ class ConfigurationError(RolloutsError, ValueError):
     """A user-supplied configuration value is wrong (bad endpoint, unknown provider, ...)."""
 
 
+class DirectoryInUseError(ConfigurationError):
+    """Another run is writing this output_dir (evaluate) or run_dir (GEPA): the message names it."""
+
+
 class UnknownProviderError(ConfigurationError):
     """No provider is registered under this name."""
 

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from rollouts._unicode import join_surrogate_pairs
 from rollouts.dtypes import ToolCall, ToolResult, Usage
 
 __all__ = [
@@ -80,10 +81,14 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class TextEnd:
-    """The text block at `content_index` is complete; `text` is all of it."""
+    """The text block at `content_index` is complete; `text` is all of it (an astral character
+    whose surrogate halves arrived in two deltas is joined back into one)."""
 
     content_index: int
     text: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", join_surrogate_pairs(self.text))
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,9 @@ class ThinkingEnd:
     signature: str | None = None
     redacted: bool = False
     data: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "thinking", join_surrogate_pairs(self.thinking))
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,12 @@ import trio
 
 from rollouts.dtypes import AgentState, Message, StopReason, ToolCall, ToolResult, Usage
 from rollouts.errors import ConfigurationError
+from rollouts.events import TextEnd, ToolCallEnd, ToolResultReceived
 from rollouts.providers import price_for
+from rollouts.redaction import known_secrets
 
 if TYPE_CHECKING:
+    from rollouts.events import StreamEvent
     from rollouts.run_config import RunConfig
 
 Handler: TypeAlias = Callable[[AgentState], AgentState]
@@ -222,3 +225,19 @@ async def confirm_tool_interactive(
 async def read_stdin(prompt: str) -> str:
     """Default `on_input`: read a line from standard input without blocking the event loop."""
     return await trio.to_thread.run_sync(input, prompt, abandon_on_cancel=True)
+
+
+async def stdout_handler(event: StreamEvent) -> None:
+    """An `on_chunk` printing a run to standard output: each finished text block, each tool call
+    (`-> name(args)`) and the first line of each tool result, with known secrets masked
+    (`rollouts.redaction`). Whole blocks, not token by token: a secret cut across deltas is never
+    printed (the CLI's renderer streams tokens, through `redact_events`)."""
+    redact = known_secrets().redact
+    if isinstance(event, TextEnd) and event.text:
+        print(redact(event.text), flush=True)
+    elif isinstance(event, ToolCallEnd):
+        args = ", ".join(f"{k}={v!r}" for k, v in event.tool_call.arguments.items())
+        print(redact(f"-> {event.tool_call.name}({args})"), flush=True)
+    elif isinstance(event, ToolResultReceived):
+        first = event.result.content.splitlines()[0] if event.result.content else ""
+        print(redact(f"<- {event.tool_name}: {first}"), flush=True)

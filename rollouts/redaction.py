@@ -7,8 +7,8 @@ Two rules, one module, used by every output of the library and the CLI:
    holds back a piece that could be the start of a secret until the next piece shows it is
    not). The known values of this process (`known_secrets()`):
 
-   * every `Endpoint.api_key` the process has made (registered by `Endpoint` itself), and the
-     values of secret-looking fields in an endpoint's `extra_params` (e.g. a header
+   * every `Endpoint.api_key` and `Endpoint.oauth_token` the process has made (registered by
+     `Endpoint` itself), and the values of secret-looking fields in an endpoint's `extra_params` (e.g. a header
      `{"headers": {"X-Api-Key": ...}}`) and of secret-looking query parameters of its `api_base`;
    * the current values of the providers' key variables (`ANTHROPIC_API_KEY`, `OPENAI_API_KEY`,
      `GEMINI_API_KEY`, `GOOGLE_API_KEY`) and of every variable named with `register_secret_env`
@@ -384,7 +384,7 @@ def register_secret_env(*names: str) -> None:
 def register_endpoint_secrets(endpoint: Endpoint) -> None:
     """Register an endpoint's key, the values of secret-looking fields in its `extra_params`
     (headers included) and credentials in its `api_base` (`Endpoint` calls this itself)."""
-    values = [endpoint.api_key]
+    values = [endpoint.api_key, endpoint.oauth_token]
     if endpoint.extra_params:
         values += _secret_field_values(endpoint.extra_params)
     if endpoint.api_base and ("@" in endpoint.api_base or "?" in endpoint.api_base):

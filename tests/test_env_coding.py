@@ -249,12 +249,16 @@ async def test_glob_semantics_and_no_catastrophic_patterns(root: Path) -> None:
 
 
 # A process tree: a background child, a double-forked grandchild re-parented to init (still in
-# the command's session) and a foreground child; all of them write their pids.
+# the command's session) and a foreground child; all of them write their pids. The tests that
+# read those pids run unsandboxed: they check the supervisor, and inside the sandbox's PID
+# namespace the pids a command sees are not the host's (the setsid tests below find processes
+# by command line and run sandboxed).
+_HOST_PIDS = "unsandboxed"
 _TREE = "sleep 300 & echo $! >> pids; (sleep 300 & echo $! >> pids) ; bash -c 'echo $$ >> pids; sleep 300' & "
 
 
 async def test_bash_timeout_kills_the_whole_process_group(root: Path) -> None:
-    env = CodingEnvironment(root, bash_timeout=2)
+    env = CodingEnvironment(root, bash_timeout=2, sandbox=_HOST_PIDS)
     t0 = trio.current_time()
     r = await _call(env, "bash", command=_TREE + "echo $$ >> pids; echo started; sleep 300")
     elapsed = trio.current_time() - t0
@@ -269,7 +273,7 @@ async def test_bash_timeout_kills_the_whole_process_group(root: Path) -> None:
 
 
 async def test_bash_cancellation_kills_the_whole_process_group(root: Path) -> None:
-    env = CodingEnvironment(root, bash_timeout=300)
+    env = CodingEnvironment(root, bash_timeout=300, sandbox=_HOST_PIDS)
     pid_file = root / "pids"
     with trio.move_on_after(30) as guard:
         async with trio.open_nursery() as nursery:
@@ -294,7 +298,7 @@ async def test_bash_cancellation_kills_the_whole_process_group(root: Path) -> No
 
 
 async def test_background_jobs_do_not_outlive_the_command(root: Path) -> None:
-    env = CodingEnvironment(root)
+    env = CodingEnvironment(root, sandbox=_HOST_PIDS)
     r = await _call(env, "bash", command=_TREE + "echo started")
     assert not r.is_error and "started" in r.content
     assert r.details is not None and await wait_session_empty(r.details["pid"]) == []
@@ -411,7 +415,7 @@ async def test_bash_does_not_inherit_credentials_unless_asked(root: Path, monkey
 
 
 async def test_cancelling_the_run_mid_bash_aborts_cleanly_without_orphans(root: Path) -> None:
-    env = CodingEnvironment(root, bash_timeout=300)
+    env = CodingEnvironment(root, bash_timeout=300, sandbox=_HOST_PIDS)
     scope = trio.CancelScope()
     cmd = "echo $$ > pids.tmp; sleep 300 & echo $! >> pids.tmp; mv pids.tmp pids; wait"
     result: list[list[AgentState]] = []

@@ -238,8 +238,9 @@ async def test_a_call_cancelled_half_way_commits_what_it_did_under_its_own_name(
                 await env.exec_tool(ToolCall("c1", "bash", {"command": cmd}), None, RunConfig())  # type: ignore[arg-type]
 
             nursery.start_soon(_bash)
+            # The shell creates the file before it writes to it: wait for the content, not the name.
             for _ in range(1000):
-                if (root / "half.txt").exists():
+                if (root / "half.txt").exists() and (root / "half.txt").read_text() == "partial\n":
                     break
                 await trio.sleep(0.01)
             nursery.cancel_scope.cancel()

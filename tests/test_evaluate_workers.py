@@ -1,4 +1,4 @@
-"""evaluate(..., workers=N) / `rollouts eval --workers N`: samples run in worker processes
+"""evaluate(..., executor=WorkerPool(N)) / `rollouts eval --workers N`: samples run in worker processes
 through the embedded queue database, with the in-process path's results, output and resume.
 
 Ordering is by events: the fake server (in this process) holds replies on a trio.Event, worker
@@ -24,7 +24,7 @@ from cli_support import CLI, cli_env, run_cli
 from rollouts import Endpoint, EvalConfig, Message, evaluate
 from rollouts.errors import AuthenticationError, ConfigurationError
 from rollouts.eval.sample import Sample
-from rollouts.service.eval_workers import WORKERS_DIR
+from rollouts.service.eval_workers import WORKERS_DIR, WorkerPool
 from rollouts.testing.fake_server import RecordedRequest, http_error, open_fake_server
 
 KEY = "sk-test-workers-not-a-real-key"
@@ -88,7 +88,7 @@ async def test_scripted_model_results_match_the_in_process_path(tmp_path: Path) 
     parallel = await evaluate(
         rows,
         replace(config, output_dir=tmp_path / "b", on_sample_end=lambda s: ended.append(s.id)),
-        workers=2,
+        executor=WorkerPool(2),
     )
     assert _outcomes(parallel.samples) == _outcomes(inproc.samples)
     assert tuple(parallel.sample_ids) == tuple(inproc.sample_ids) == tuple(str(i) for i in range(24))
@@ -107,9 +107,13 @@ async def test_fake_server_results_match_and_rerun_reuses_everything(tmp_path: P
     async with open_fake_server(_answer, latency_s=0.01) as srv:
         inproc = await evaluate(rows, _fake_config(srv.base_url, tmp_path / "a", max_concurrent=6))
         assert len(srv.scripted_requests) == 30
-        parallel = await evaluate(rows, _fake_config(srv.base_url, tmp_path / "b", max_concurrent=6), workers=2)
+        parallel = await evaluate(
+            rows, _fake_config(srv.base_url, tmp_path / "b", max_concurrent=6), executor=WorkerPool(2)
+        )
         assert len(srv.scripted_requests) == 60
-        again = await evaluate(rows, _fake_config(srv.base_url, tmp_path / "b", max_concurrent=6), workers=2)
+        again = await evaluate(
+            rows, _fake_config(srv.base_url, tmp_path / "b", max_concurrent=6), executor=WorkerPool(2)
+        )
         assert len(srv.scripted_requests) == 60  # resumed: nothing ran again
     assert _outcomes(parallel.samples) == _outcomes(inproc.samples)
     assert parallel.summary["reward"]["mean"] == inproc.summary["reward"]["mean"] == 22 / 30
@@ -123,13 +127,15 @@ async def test_without_output_dir_and_rescore_with_workers(tmp_path: Path) -> No
     base = EvalConfig(
         endpoint=task.MODEL.endpoint, prepare_messages=task.prepare, score_fn=task.score, show_progress=False
     )
-    bare = await evaluate(rows, base, workers=2)  # (the queue in a temporary directory)
+    bare = await evaluate(rows, base, executor=WorkerPool(2))  # (the queue in a temporary directory)
     assert [s.status for s in bare.samples] == ["completed"] * 10
     assert bare.summary["reward"]["mean"] == 0.8
     out = tmp_path / "o"
-    await evaluate(rows, replace(base, output_dir=out), workers=2)
+    await evaluate(rows, replace(base, output_dir=out), executor=WorkerPool(2))
     calls = task.MODEL.calls
-    rescored = await evaluate(rows, replace(base, output_dir=out, score_fn=task.score_len, rescore=True), workers=2)
+    rescored = await evaluate(
+        rows, replace(base, output_dir=out, score_fn=task.score_len, rescore=True), executor=WorkerPool(2)
+    )
     assert task.MODEL.calls == calls  # (in this process: the parent rescored, no model call anywhere)
     assert rescored.rescored == 10 and rescored.summary["reward"]["mean"] == 1.0
 
@@ -158,7 +164,9 @@ async def test_sigkill_of_a_worker_mid_run_records_every_sample_once(tmp_path: P
             got: list[Any] = []
 
             async def run() -> None:
-                got.append(await evaluate(rows, _fake_config(srv.base_url, out, max_concurrent=4), workers=2))
+                got.append(
+                    await evaluate(rows, _fake_config(srv.base_url, out, max_concurrent=4), executor=WorkerPool(2))
+                )
 
             nursery.start_soon(run)
             await four_in_flight.wait()  # each worker (2 slots each) holds 2 samples, mid model call
@@ -205,7 +213,9 @@ async def test_cancel_keeps_finished_samples_and_a_rerun_runs_only_the_rest(tmp_
                 scope.cancel()  # Ctrl-C, as the CLI does it
 
         with scope:
-            await evaluate(rows, _fake_config(srv.base_url, out, max_concurrent=2, on_sample_end=on_end), workers=2)
+            await evaluate(
+                rows, _fake_config(srv.base_url, out, max_concurrent=2, on_sample_end=on_end), executor=WorkerPool(2)
+            )
         assert scope.cancelled_caught
         release.set()
         first = json.loads((out / "report.json").read_text())
@@ -215,7 +225,7 @@ async def test_cancel_keeps_finished_samples_and_a_rerun_runs_only_the_rest(tmp_
         assert not (out / WORKERS_DIR).exists()
 
         before = len(srv.scripted_requests)
-        report = await evaluate(rows, _fake_config(srv.base_url, out, max_concurrent=2), workers=2)
+        report = await evaluate(rows, _fake_config(srv.base_url, out, max_concurrent=2), executor=WorkerPool(2))
         assert len(srv.scripted_requests) - before == 15  # only the rest ran
     assert report.status == "completed" and report.reused == 5
     assert tuple(report.sample_ids) == tuple(str(i) for i in range(20))
@@ -235,7 +245,7 @@ async def test_callables_that_cannot_cross_processes_are_clear_errors(tmp_path: 
 
     cases = [
         (replace(base, prepare_messages=lambda row: [Message("user", "x")]),
-         ["EvalConfig.prepare_messages", "is a lambda", "module level", "workers=1"]),
+         ["EvalConfig.prepare_messages", "is a lambda", "module level", "in this process"]),
         (replace(base, score_fn=local_score),
          ["EvalConfig.score_fn", "local_score is defined inside a function", "worker_config="]),
         (replace(base, on_sample_event=task.prepare),
@@ -243,12 +253,12 @@ async def test_callables_that_cannot_cross_processes_are_clear_errors(tmp_path: 
     ]  # fmt: skip
     for config, needles in cases:
         with pytest.raises(ConfigurationError) as e:
-            await evaluate([{"q": 1}], replace(config, output_dir=tmp_path / "x"), workers=2)
+            await evaluate([{"q": 1}], replace(config, output_dir=tmp_path / "x"), executor=WorkerPool(2))
         for needle in needles:
             assert needle in str(e.value), (needle, str(e.value))
     assert not (tmp_path / "x").exists()  # refused before anything was started or written
     with pytest.raises(ConfigurationError, match="workers must be an integer >= 1"):
-        await evaluate([{"q": 1}], base, workers=0)
+        WorkerPool(0)
 
 
 async def test_a_worker_that_cannot_build_its_config_stops_the_evaluation_with_its_error(tmp_path: Path) -> None:
@@ -258,7 +268,7 @@ async def test_a_worker_that_cannot_build_its_config_stops_the_evaluation_with_i
         match=r"a worker process could not build its EvalConfig: ValueError: this worker cannot build its config: "
         r"no such dataset split 'dev'$",
     ):
-        await evaluate([{"q": 1}, {"q": 2}], config, workers=2, worker_config=task.broken_config)
+        await evaluate([{"q": 1}, {"q": 2}], config, executor=WorkerPool(2, worker_config=task.broken_config))
     assert not (tmp_path / "o" / WORKERS_DIR).exists()
     assert json.loads((tmp_path / "o" / "report.json").read_text())["status"] == "failed"
 
@@ -266,7 +276,9 @@ async def test_a_worker_that_cannot_build_its_config_stops_the_evaluation_with_i
 async def test_authentication_error_in_a_worker_stops_the_evaluation(tmp_path: Path) -> None:
     async with open_fake_server(lambda r: http_error(401, message="bad key")) as srv:
         with pytest.raises(AuthenticationError):
-            await evaluate([{"q": i} for i in range(6)], _fake_config(srv.base_url, tmp_path / "o"), workers=2)
+            await evaluate(
+                [{"q": i} for i in range(6)], _fake_config(srv.base_url, tmp_path / "o"), executor=WorkerPool(2)
+            )
     assert json.loads((tmp_path / "o" / "report.json").read_text())["status"] == "failed"
     assert not (tmp_path / "o" / WORKERS_DIR).exists()
 

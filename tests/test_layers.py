@@ -192,3 +192,43 @@ def test_the_readme_module_map_names_every_module_in_layer_order() -> None:
                 if here is not None and there is not None and there > here:
                     upward.append(f"{m.relative_to(ROOT)} imports {name}")
     assert upward == [], "a row imports a row below it: move the import or the row"
+
+
+def test_layers_the_queue_is_the_only_writer_of_task_rows() -> None:
+    """Issue 32 item 2: task rows were also written by the worker (putting its tasks back), the
+    local worker pool (four statements) and their SQL drifted apart; every statement that
+    inserts, updates or deletes `tasks` lives in service/queue.py."""
+    writes = re.compile(r"\b(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+tasks\b", re.IGNORECASE)
+    offenders = [
+        f"{path.relative_to(ROOT)}:{text[: m.start()].count(chr(10)) + 1}"
+        for path in PACKAGE.rglob("*.py")
+        if path != PACKAGE / "service" / "queue.py"
+        for text in [path.read_text(encoding="utf-8")]
+        for m in writes.finditer(text)
+    ]
+    assert offenders == []
+
+
+def _dynamic_imports(path: Path) -> list[str]:
+    """Modules named by a string to `importlib.import_module` / `__import__` in `path`."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                names.append(node.args[0].value)
+    return names
+
+
+def test_layers_no_eval_module_imports_the_service_even_inside_a_function() -> None:
+    """Issue 32 item 1: evaluate(workers=N) imported rollouts.service.eval_workers inside a
+    function (the eval layer reaching up into the service); the worker pool is now an executor
+    the caller hands to evaluate()."""
+    offenders = [
+        f"{_module_name(path)} imports {name}"
+        for path in (PACKAGE / "eval").rglob("*.py")
+        for name in _imports(path) + _dynamic_imports(path)
+        if name == "rollouts.service" or name.startswith("rollouts.service.")
+    ]
+    assert offenders == []

@@ -26,7 +26,9 @@ import trio
 
 from rollouts.service import accounts, queue
 from rollouts.service.api import ApiLimits
+from rollouts.service.batch_tasks import BatchTasks
 from rollouts.service.client import ServiceClient, ServiceError
+from rollouts.service.policy import POLICY_ENV, ServicePolicy
 from rollouts.service.server import DB_ENV, serve
 from rollouts.service.store import Store
 from rollouts.service.worker import Worker
@@ -37,8 +39,24 @@ PROVIDER_KEY = "sk-test-" + secrets.token_hex(16)
 
 
 @pytest.fixture(autouse=True)
-def provider_key(monkeypatch: pytest.MonkeyPatch) -> None:
+def provider_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(KEY_ENV, PROVIDER_KEY)
+    policy = tmp_path / "policy.toml"
+    policy.write_text("")
+    monkeypatch.setenv(POLICY_ENV, str(policy))  # (read by serve and every worker, here and in subprocesses)
+
+
+def allow(base_url: str, extra: str = "") -> None:
+    """The operator's policy: credential `fake` (the key in KEY_ENV) may be sent to the fake
+    provider at `base_url` (and `extra` TOML)."""
+    Path(os.environ[POLICY_ENV]).write_text(
+        f'[credentials.fake]\nkey_env = "{KEY_ENV}"\nbase_urls = ["{base_url}"]\n{extra}'
+    )
+
+
+def new_worker(store: Store, **kw: Any) -> Worker:
+    """A worker under the operator's policy (the file in $ROLLOUTS_SERVICE_POLICY)."""
+    return Worker(store, run_task=BatchTasks(store, ServicePolicy.from_env()), **kw)
 
 
 # ---- the fake provider --------------------------------------------------------------------------
@@ -83,7 +101,7 @@ def endpoint(base_url: str, **over: Any) -> dict[str, Any]:
     return {
         "model": "openai-compatible/fake",
         "api_base": base_url,
-        "api_key_env": KEY_ENV,
+        "credential": "fake",
         "max_retries": 3,
         "transport": "http",
         **over,
@@ -113,17 +131,20 @@ class Service:
 
 @asynccontextmanager
 async def service(
-    db_url: str, *, workers: int = 1, limits: ApiLimits | None = None, lease_s: float = 30.0
+    db_url: str, *, workers: int = 1, limits: ApiLimits | None = None, lease_s: float = 30.0, policy: str = ""
 ) -> AsyncIterator[Service]:
+    """The API in this process and `workers` workers; `policy` is TOML added to the operator's
+    policy (which lets credential `fake` reach the fake provider)."""
     provider = Provider()
     async with open_fake_server(provider) as srv, trio.open_nursery() as nursery:
+        allow(srv.base_url, policy)
         url = await nursery.start(
             lambda task_status: serve(db_url, port=0, limits=limits, job_lease_s=lease_s, task_status=task_status)
         )
         store = await Store.open(db_url)
         _, token = await store.call(accounts.create_token, "main")
         for _ in range(workers):
-            await nursery.start(Worker(store, concurrency=8, lease_s=lease_s, max_poll_s=0.2).run)
+            await nursery.start(new_worker(store, concurrency=8, lease_s=lease_s, max_poll_s=0.2).run)
         svc = Service(url, db_url, store, token, srv, provider)
         try:
             yield svc
@@ -214,6 +235,7 @@ async def test_batch_runs_scores_and_streams_progress(db_url: str) -> None:
 async def test_serve_runs_local_worker_processes(db_url: str) -> None:
     provider = Provider()
     async with open_fake_server(provider) as srv, trio.open_nursery() as nursery:
+        allow(srv.base_url)
         url = await nursery.start(
             lambda task_status: serve(db_url, port=0, workers=2, worker_concurrency=2, task_status=task_status)
         )
@@ -397,7 +419,7 @@ async def test_cancel_stops_running_tasks(db_url: str) -> None:
     async with service(db_url, workers=0) as svc:
         # PostgreSQL: the cancellation's NOTIFY makes the worker check its leases at once (its
         # lease, 10 minutes, would not come round); SQLite: the next heartbeat (lease / 3).
-        worker = Worker(svc.store, concurrency=4, lease_s=600.0 if svc.store.is_postgres else 0.6)
+        worker = new_worker(svc.store, concurrency=4, lease_s=600.0 if svc.store.is_postgres else 0.6)
         svc.provider.gates["q 0"] = trio.Event()
         agent_id = await svc.agent()
         async with trio.open_nursery() as nursery:
@@ -420,14 +442,14 @@ async def test_a_stopped_worker_puts_its_tasks_back_at_once(db_url: str) -> None
         agent_id = await svc.agent()
         batch = await svc.client.create_batch(agent_id, tasks(1))
         async with trio.open_nursery() as nursery:
-            await nursery.start(Worker(svc.store, concurrency=2, lease_s=600.0).run)
+            await nursery.start(new_worker(svc.store, concurrency=2, lease_s=600.0).run)
             await svc.provider.arrived("q 0").wait()
             nursery.cancel_scope.cancel()
         row = await svc.store.read(lambda tx: tx.one("SELECT status, attempts, lease_owner FROM tasks"))
         assert row == ("queued", 0, None)  # not held for the 10-minute lease
         svc.provider.gates["q 0"].set()
         async with trio.open_nursery() as nursery:
-            await nursery.start(Worker(svc.store, concurrency=2).run)
+            await nursery.start(new_worker(svc.store, concurrency=2).run)
             done = await svc.client.wait_batch(batch["batch_id"])
             nursery.cancel_scope.cancel()
         assert [r["status"] for r in done["results"]] == ["completed"]
@@ -454,7 +476,7 @@ async def test_provider_429_and_500_are_retried_within_bounds(db_url: str) -> No
 
 async def test_batch_deadline_marks_remaining_tasks_timeout(db_url: str) -> None:
     async with service(db_url, workers=0) as svc:
-        worker = Worker(svc.store, concurrency=4, lease_s=5.0, max_poll_s=0.2)
+        worker = new_worker(svc.store, concurrency=4, lease_s=5.0, max_poll_s=0.2)
         for i in range(4):
             svc.provider.gates[f"q {i}"] = trio.Event()
         agent_id = await svc.agent()
@@ -512,6 +534,7 @@ async def test_api_server_restart_mid_batch_the_batch_completes(db_url: str, tmp
     log = tmp_path / "service.log"
     port = free_port()
     async with open_fake_server(provider) as srv:
+        allow(srv.base_url)
         store = await Store.open(db_url)
         _, token = await store.call(accounts.create_token, "main")
         api = await api_process(db_url, port, log)
@@ -835,6 +858,7 @@ async def test_gepa_job_resumes_after_the_server_restarts(db_url: str, tmp_path:
     log = tmp_path / "service.log"
     port = free_port()
     async with open_fake_server(provider) as srv:
+        allow(srv.base_url)
         store = await Store.open(db_url)
         _, token = await store.call(accounts.create_token, "main")
         serve_cmd = ["--job-lease", "2", "--data-dir"]
@@ -884,12 +908,12 @@ async def test_a_batch_at_its_parallelism_keeps_its_worker_busy(db_url: str) -> 
     claim the next at once (not at its next idle poll)."""
     async with service(db_url, workers=0) as svc:
         agent_id = await svc.agent()
-        worker = Worker(svc.store, concurrency=8, max_poll_s=600.0)  # (a poll would never come)
+        worker = new_worker(svc.store, concurrency=8, max_poll_s=600.0)  # (a poll would never come)
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.run)
             batch = await svc.client.create_batch(agent_id, tasks(5), config={"parallelism": 1})
             if not svc.store.is_postgres:
-                worker._work_arrived()  # (SQLite has no NOTIFY: stands for the first poll)
+                worker.wake()  # (SQLite has no NOTIFY: stands for the first poll)
             with trio.fail_after(120):  # (a guard: a worker waiting for its poll would hang here)
                 done = await svc.client.wait_batch(batch["batch_id"])
             nursery.cancel_scope.cancel()

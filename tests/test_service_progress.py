@@ -1,5 +1,5 @@
 """When the service looks again, on trio's virtual clock: a batch's event stream
-(rollouts.service.api.progress_stream, rollouts.service.progress.BatchChanges), and an idle
+(rollouts.service.routing.progress_stream, rollouts.service.progress.BatchChanges), and an idle
 SQLite worker (no NOTIFY: it watches the database files)."""
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ import trio
 import trio.testing
 
 from rollouts.service import accounts, queue
-from rollouts.service.api import progress_stream
+from rollouts.service.batch_tasks import BatchTasks
+from rollouts.service.gepa_jobs import GEPAJobs
 from rollouts.service.progress import BatchChanges
+from rollouts.service.routing import progress_stream
 from rollouts.service.store import Store
 from rollouts.service.worker import Worker
 
@@ -192,12 +194,12 @@ async def test_the_tasks_of_a_claim_read_their_batch_spec_once(autojump_clock: t
                 raise RuntimeError("the database went away")
             return f"spec of {batch_id}"
 
-    worker = Worker(_SpecStore())  # type: ignore[arg-type]
+    tasks = BatchTasks(_SpecStore())  # type: ignore[arg-type]
     got: list[Any] = []
 
     async def task() -> None:
         try:
-            got.append(await worker._spec("b1"))
+            got.append(await tasks.spec("b1"))
         except RuntimeError as e:
             got.append(e)
 
@@ -207,7 +209,7 @@ async def test_the_tasks_of_a_claim_read_their_batch_spec_once(autojump_clock: t
     # the first read failed: its task saw the error; the others waited, then one read again
     assert reads == ["b1", "b1"]
     assert sum(isinstance(g, RuntimeError) for g in got) == 1 and got.count("spec of b1") == 9
-    assert await worker._spec("b1") == "spec of b1" and len(reads) == 2  # cached
+    assert await tasks.spec("b1") == "spec of b1" and len(reads) == 2  # cached
 
 
 async def test_a_big_batch_far_from_its_end_is_polled_not_probed_on_every_commit(
@@ -243,3 +245,37 @@ async def test_a_big_batch_far_from_its_end_is_polled_not_probed_on_every_commit
     assert far == [] and probes  # probed only once near the end
     assert all(round(b - a, 3) >= 0.05 for a, b in itertools.pairwise(probes))  # at most every min_gap_s
     assert polled[:3] == [t0, t0 + 1.0, t0 + 2.0]
+
+
+async def test_a_gepa_job_waits_on_its_batchs_changes_instead_of_polling(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Issue 32 item 5: a GEPA job polled its batch (a full read of its progress and results)
+    at a backoff up to 0.5 s for as long as the batch ran; it now sleeps until the database says
+    the batch changed (a worker's NOTIFY), asks with one index probe, and returns at once."""
+    probes: list[float] = []
+    finished = [False]
+
+    class _ProbedStore(_Store):
+        is_postgres = True  # (precise changes: the batch's end is notified)
+
+        async def read(self, fn: Any, *args: Any) -> Any:
+            assert fn is queue.batch_finished
+            probes.append(trio.current_time())
+            return finished[0]
+
+    store = _ProbedStore()
+    changes = BatchChanges(store)  # type: ignore[arg-type]
+    jobs = GEPAJobs(store, changes=changes, poll_s=1.0)  # type: ignore[arg-type]
+
+    async def the_batch_ends_after_30_s() -> None:
+        await trio.sleep(30.0)
+        finished[0] = True
+        changes._changed("b1")  # (as the worker's NOTIFY does)
+
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(the_batch_ends_after_30_s)
+        await jobs._wait_finished("b1")
+    assert trio.current_time() - t0 == 30.0  # at once, not at the next look
+    assert len(probes) <= 32  # at most one a second (the fallback for a missed NOTIFY)

@@ -22,10 +22,10 @@ from rollouts.gepa.proposers import ReflectionJournal
 from rollouts.service import accounts, jobs
 from rollouts.service.api import ApiLimits
 from rollouts.service.api import create_app as create_api
-from rollouts.service.catalog import ServiceCatalog, use_workspace
+from rollouts.service.catalog import ServiceCatalog
 from rollouts.service.server import with_ui
 from rollouts.service.store import Store
-from rollouts.service.ui import COOKIE, csrf_token
+from rollouts.service.ui import COOKIE, MAX_FORM_BYTES, csrf_token
 from rollouts.view import serve
 from rollouts.view.catalog import Catalog, NotFound, SampleQuery, SessionQuery
 
@@ -48,44 +48,43 @@ async def data(store: Store) -> UiData:
 
 
 async def test_batches_are_eval_runs_of_their_workspace_only(store: Store, data: UiData) -> None:
-    cat = ServiceCatalog(store)
+    cat = ServiceCatalog(store, data.ws_a)
     assert isinstance(cat, Catalog)  # the viewer's protocol
-    with use_workspace(data.ws_a):
-        runs = await cat.list_eval_runs()
-        assert [r.run_id for r in runs] == [data.batch2, data.batch]  # newest first
-        one = {r.run_id: r for r in runs}[data.batch]
-        assert (one.status, one.n_samples, one.n_failed, one.name) == ("running", 4, 1, "solver v1")
-        assert one.mean_reward == pytest.approx(2 / 3)
-        assert {r.run_id: r for r in runs}[data.batch2].status == "completed"
-        detail = await cat.get_eval_run(data.batch)
-        assert detail.metric_names == ("exact_match",)
-        assert detail.row.metrics["exact_match"] == pytest.approx(2 / 3)
-        assert detail.report["task_count"] == 6
-        for missing in (data.batch_b, "nope"):
-            with pytest.raises(NotFound):
-                await cat.get_eval_run(missing)
-            with pytest.raises(NotFound):
-                await cat.list_samples(missing, SampleQuery())
-            with pytest.raises(NotFound):
-                await cat.get_sample(missing, "t0")
-            with pytest.raises(NotFound):
-                await cat.version("eval", missing)
+    runs = await cat.list_eval_runs()
+    assert [r.run_id for r in runs] == [data.batch2, data.batch]  # newest first
+    one = {r.run_id: r for r in runs}[data.batch]
+    assert (one.status, one.n_samples, one.n_failed, one.name) == ("running", 4, 1, "solver v1")
+    assert one.mean_reward == pytest.approx(2 / 3)
+    assert {r.run_id: r for r in runs}[data.batch2].status == "completed"
+    detail = await cat.get_eval_run(data.batch)
+    assert detail.metric_names == ("exact_match",)
+    assert detail.row.metrics["exact_match"] == pytest.approx(2 / 3)
+    assert detail.report["task_count"] == 6
+    for missing in (data.batch_b, "nope"):
         with pytest.raises(NotFound):
-            await cat.get_gepa_run(data.job_b)
+            await cat.get_eval_run(missing)
         with pytest.raises(NotFound):
-            await cat.compare_runs(data.batch, data.batch_b)
-    with use_workspace(data.ws_b):
-        assert [r.run_id for r in await cat.list_eval_runs()] == [data.batch_b]
-        assert [r.run_id for r in await cat.list_gepa_runs()] == [data.job_b]
+            await cat.list_samples(missing, SampleQuery())
         with pytest.raises(NotFound):
-            await cat.get_sample(data.batch, "t0")
-    with pytest.raises(AssertionError):  # never a query without a workspace
-        await cat.list_eval_runs()
+            await cat.get_sample(missing, "t0")
+        with pytest.raises(NotFound):
+            await cat.version("eval", missing)
+    with pytest.raises(NotFound):
+        await cat.get_gepa_run(data.job_b)
+    with pytest.raises(NotFound):
+        await cat.compare_runs(data.batch, data.batch_b)
+    cat = ServiceCatalog(store, data.ws_b)
+    assert [r.run_id for r in await cat.list_eval_runs()] == [data.batch_b]
+    assert [r.run_id for r in await cat.list_gepa_runs()] == [data.job_b]
+    with pytest.raises(NotFound):
+        await cat.get_sample(data.batch, "t0")
+    with pytest.raises(ValueError, match="workspace"):  # never a catalog without a workspace
+        ServiceCatalog(store, "")
 
 
 @pytest.mark.parametrize("rows", ["current", "before_migration_4"])
 async def test_samples_are_filtered_sorted_and_paged_in_sql(store: Store, data: UiData, rows: str) -> None:
-    cat = ServiceCatalog(store)
+    cat = ServiceCatalog(store, data.ws_a)
     if rows == "before_migration_4":  # results written before the figures had columns: read from the JSON
         await store.call(
             lambda tx: tx.execute(
@@ -105,60 +104,58 @@ async def test_samples_are_filtered_sorted_and_paged_in_sql(store: Store, data: 
         page = await cat.list_samples(data.batch, SampleQuery(**q))  # type: ignore[arg-type]
         return [s.sample_id for s in page.items]
 
-    with use_workspace(data.ws_a):
-        assert await ids() == ["t0", "t1", "t2", "t3", "t4", "t5"]
-        assert await ids(sort="reward", descending=True) == ["t0", "t2", "t1", "t3", "t4", "t5"]  # no score: last
-        assert await ids(sort="reward") == ["t1", "t0", "t2", "t3", "t4", "t5"]
-        assert (await ids(sort="tokens", descending=True))[:3] == ["t0", "t2", "t1"]
-        assert (await ids(sort="turns", descending=True))[:3] == ["t0", "t2", "t1"]
-        assert (await ids(sort="metric:exact_match"))[:3] == ["t1", "t0", "t2"]
-        assert await ids(failed=True) == ["t3", "t4", "t5"]
-        assert await ids(status="failed") == ["t3"]
-        assert await ids(status="pending") == ["t4", "t5"]
-        assert await ids(failed=False) == ["t0", "t1", "t2"]
-        assert await ids(metric="exact_match", op=">=", value=1.0) == ["t0", "t2"]
-        assert await ids(metric="exact_match", op="<", value=0.5) == ["t1"]
-        assert await ids(meta=("level", "1")) == ["t1", "t3", "t5"]
-        assert await ids(text="WHAT IS 4 ") == ["t4"]
-        assert await ids(text="<answer>3</answer>") == ["t1"]
-        assert await ids(text="100%") == []  # LIKE wildcards are literal
-        page = await cat.list_samples(data.batch, SampleQuery(offset=2, limit=2))
-        assert ([s.sample_id for s in page.items], page.total, page.has_next) == (["t2", "t3"], 6, True)
-        row = (await cat.list_samples(data.batch, SampleQuery(limit=1))).items[0]
-        assert (row.reward, row.turns, row.tokens, row.status) == (1.0, 3, 60, "completed")
-        assert row.cost_usd == pytest.approx(0.03) and row.duration_s == pytest.approx(0.11)
-        assert row.input_preview == "what is 0 + 0?" and XSS in row.response_preview
-        with pytest.raises(ValueError, match="sort must be"):
-            await ids(sort="nope; DROP TABLE tasks")
-        with pytest.raises(ValueError, match="metadata key"):
-            await ids(meta=("a') OR 1=1 --", "x"))
-        sample = await cat.get_sample(data.batch, "t0")
-        assert sample.trajectory is not None and XSS in sample.response
-        assert sample.reward == 1.0 and sample.input["answer"] == "0" and sample.status == "completed"
-        assert (await cat.get_sample(data.batch, "t4")).status == "pending"
+    assert await ids() == ["t0", "t1", "t2", "t3", "t4", "t5"]
+    # no score (NULL) sorts first ascending, last descending; ties in the sort's direction
+    assert await ids(sort="reward", descending=True) == ["t2", "t0", "t1", "t5", "t4", "t3"]
+    assert await ids(sort="reward") == ["t3", "t4", "t5", "t1", "t0", "t2"]
+    assert (await ids(sort="tokens", descending=True))[:3] == ["t0", "t2", "t1"]
+    assert (await ids(sort="turns", descending=True))[:3] == ["t0", "t2", "t1"]
+    assert (await ids(sort="metric:exact_match"))[3:] == ["t1", "t0", "t2"]
+    assert await ids(failed=True) == ["t3", "t4", "t5"]
+    assert await ids(status="failed") == ["t3"]
+    assert await ids(status="pending") == ["t4", "t5"]
+    assert await ids(failed=False) == ["t0", "t1", "t2"]
+    assert await ids(metric="exact_match", op=">=", value=1.0) == ["t0", "t2"]
+    assert await ids(metric="exact_match", op="<", value=0.5) == ["t1"]
+    assert await ids(meta=("level", "1")) == ["t1", "t3", "t5"]
+    assert await ids(text="WHAT IS 4 ") == ["t4"]
+    assert await ids(text="<answer>3</answer>") == ["t1"]
+    assert await ids(text="100%") == []  # LIKE wildcards are literal
+    page = await cat.list_samples(data.batch, SampleQuery(offset=2, limit=2))
+    assert ([s.sample_id for s in page.items], page.total, page.has_next) == (["t2", "t3"], 6, True)
+    row = (await cat.list_samples(data.batch, SampleQuery(limit=1))).items[0]
+    assert (row.reward, row.turns, row.tokens, row.status) == (1.0, 3, 60, "completed")
+    assert row.cost_usd == pytest.approx(0.03) and row.duration_s == pytest.approx(0.11)
+    assert row.input_preview == "what is 0 + 0?" and XSS in row.response_preview
+    with pytest.raises(ValueError, match="sort must be"):
+        await ids(sort="nope; DROP TABLE tasks")
+    assert await ids(meta=("a') OR 1=1 --", "x")) == []  # a key is data, never SQL
+    sample = await cat.get_sample(data.batch, "t0")
+    assert sample.trajectory is not None and XSS in sample.response
+    assert sample.reward == 1.0 and sample.input["answer"] == "0" and sample.status == "completed"
+    assert (await cat.get_sample(data.batch, "t4")).status == "pending"
 
 
 async def test_compare_gepa_jobs_and_version_tokens(store: Store, data: UiData) -> None:
-    cat = ServiceCatalog(store)
-    with use_workspace(data.ws_a):
-        c = await cat.compare_runs(data.batch, data.batch2)
-        assert (c.shared, c.regressed, c.improved, c.only_a, c.only_b) == (6, 1, 2, 0, 0)
-        assert [r.sample_id for r in c.rows.items][:2] == ["t0", "t2"]  # regressions first
-        runs = await cat.list_gepa_runs()
-        assert [r.run_id for r in runs] == [data.job]
-        g = await cat.get_gepa_run(data.job)
-        assert (g.row.status, g.row.n_candidates, g.row.metric_calls, len(g.candidates)) == ("running", 4, 22, 4)
-        assert g.pareto_front and g.on_front and len(g.history) == 3
-        assert await cat.gepa_reflections(data.job, 1) == ()
+    cat = ServiceCatalog(store, data.ws_a)
+    c = await cat.compare_runs(data.batch, data.batch2)
+    assert (c.shared, c.regressed, c.improved, c.only_a, c.only_b) == (6, 1, 2, 0, 0)
+    assert [r.sample_id for r in c.rows.items][:2] == ["t0", "t2"]  # regressions first
+    runs = await cat.list_gepa_runs()
+    assert [r.run_id for r in runs] == [data.job]
+    g = await cat.get_gepa_run(data.job)
+    assert (g.row.status, g.row.n_candidates, g.row.metric_calls, len(g.candidates)) == ("running", 4, 22, 4)
+    assert g.pareto_front and g.on_front and len(g.history) == 3
+    assert await cat.gepa_reflections(data.job, 1) == ()
 
-        before = await cat.version("eval", data.batch)
-        assert await cat.version("eval", data.batch) == before
-        await finish(store, data.batch, "t4", 1.0, "ok")
-        assert await cat.version("eval", data.batch) != before
-        job_before = await cat.version("gepa", data.job)
-        await store.call(jobs.save_progress, data.job, "test-owner", metric_calls=30, best_score=1.0, candidates=5)
-        assert await cat.version("gepa", data.job) != job_before
-        assert (await cat.list_sessions(SessionQuery())).total == 0
+    before = await cat.version("eval", data.batch)
+    assert await cat.version("eval", data.batch) == before
+    await finish(store, data.batch, "t4", 1.0, "ok")
+    assert await cat.version("eval", data.batch) != before
+    job_before = await cat.version("gepa", data.job)
+    await store.call(jobs.save_progress, data.job, "test-owner", metric_calls=30, best_score=1.0, candidates=5)
+    assert await cat.version("gepa", data.job) != job_before
+    assert (await cat.list_sessions(SessionQuery())).total == 0
 
 
 async def test_gepa_reflections_come_from_the_jobs_run_directories(store: Store, data: UiData, tmp_path: Path) -> None:
@@ -175,19 +172,18 @@ async def test_gepa_reflections_come_from_the_jobs_run_directories(store: Store,
             )
         journal.close()
     (tmp_path / data.job_b / "srv-1").mkdir(parents=True)
-    cat = ServiceCatalog(store, gepa_dir=tmp_path)
-    with use_workspace(data.ws_a):
-        got = await cat.gepa_reflections(data.job, 1)
-        assert [(r.iteration, r.component, r.prompt, r.answer) for r in got] == [
-            (1, "system", "p1", "a1"),
-            (1, "tools", "p1b", "a1b"),
-        ]
-        assert [r.answer for r in await cat.gepa_reflections(data.job, 2)] == ["a2"]
-        assert await cat.gepa_reflections(data.job, 3) == []
-        with pytest.raises(NotFound):
-            await cat.gepa_reflections(data.job_b, 1)
-    with use_workspace(data.ws_b):
-        assert await cat.gepa_reflections(data.job_b, 1) == []  # (its server kept no reflections)
+    cat = ServiceCatalog(store, data.ws_a, gepa_dir=tmp_path)
+    got = await cat.gepa_reflections(data.job, 1)
+    assert [(r.iteration, r.component, r.prompt, r.answer) for r in got] == [
+        (1, "system", "p1", "a1"),
+        (1, "tools", "p1b", "a1b"),
+    ]
+    assert [r.answer for r in await cat.gepa_reflections(data.job, 2)] == ["a2"]
+    assert await cat.gepa_reflections(data.job, 3) == []
+    with pytest.raises(NotFound):
+        await cat.gepa_reflections(data.job_b, 1)
+    cat = ServiceCatalog(store, data.ws_b, gepa_dir=tmp_path)
+    assert await cat.gepa_reflections(data.job_b, 1) == []  # (its server kept no reflections)
 
 
 # ---- the UI over HTTP ---------------------------------------------------------------------------
@@ -346,12 +342,10 @@ async def test_the_gepa_form_starts_a_job_and_bad_input_names_the_field(ui: Ui) 
     assert r.status_code == 404
     r = await ui.client.post("/ui/gepa-jobs", data={**form, "csrf": "0" * 64})
     assert r.status_code == 403
-    with use_workspace(d.ws_a):
-        assert len(await ServiceCatalog(ui.store).list_gepa_runs()) == 1  # nothing stored so far
+    assert len(await ServiceCatalog(ui.store, d.ws_a).list_gepa_runs()) == 1  # nothing stored so far
     r = await ui.client.post("/ui/gepa-jobs", data=form)
     assert r.status_code == 303
-    with use_workspace(d.ws_a):
-        runs = await ServiceCatalog(ui.store).list_gepa_runs()
+    runs = await ServiceCatalog(ui.store, d.ws_a).list_gepa_runs()
     assert len(runs) == 2 and runs[0].max_metric_calls == 40 and runs[0].status == "running"  # queued
     job = await ui.store.read(jobs.get_job, d.ws_a, runs[0].run_id)
     assert job is not None and job["status"] == "queued"
@@ -407,3 +401,62 @@ async def test_the_service_serves_the_ui_next_to_the_api(db_url: str, nursery: t
         assert (await client.get("/v1/health")).json()["status"] == "ok"
         assert (await client.get("/v1/agents")).status_code == 401
         assert (await client.get("/ui/static/live.js")).status_code == 200
+
+
+async def test_a_live_stream_ends_when_its_sign_in_is_revoked(ui: Ui) -> None:
+    """A stream opened before its token was revoked kept streaming (up to a day): every poll
+    checks the sign-in again, and the stream ends with `event: denied`."""
+    d = ui.data
+    await ui.login(d.token_a)
+    for path in ("/ui/live-batches", f"/ui/live-batches/{d.batch}", "/ui/live-gepa-jobs", f"/ui/live/eval/{d.batch}"):
+        seen: list[str] = []
+        async with ui.client.stream("GET", path) as r:
+            assert r.status_code == 200, path
+            async for line in r.aiter_lines():
+                seen.append(line)
+                if line.startswith("data: ") and len([x for x in seen if x.startswith("data: ")]) == 1:
+                    for tok in await ui.store.call(accounts.list_tokens):
+                        if tok["workspace"] == "alpha":
+                            await ui.store.call(accounts.revoke_token, tok["id"])
+                if line == "event: denied":
+                    break
+        assert "event: denied" in seen, path
+        assert (await ui.client.get(path)).status_code == 401  # (the reconnect is refused)
+        ui.client.cookies.clear()
+        _, token = await ui.store.call(accounts.create_token, "alpha")
+        await ui.login(token)
+
+
+async def test_no_ui_response_can_be_framed(ui: Ui) -> None:
+    """The service UI could be framed by a page on another port (a click promoted a version)."""
+    anon = [("/ui/login", 200), ("/ui/batches", 303), ("/ui/api/evals", 401), ("/ui/static/live.js", 200)]
+    for path, status in anon:
+        r = await ui.client.get(path)
+        assert r.status_code == status, path
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
+        assert r.headers["x-frame-options"] == "DENY", path
+    r = await ui.client.post("/ui/login", data={"token": "x"}, headers={"origin": "http://evil.example"})
+    assert r.status_code == 403 and r.headers["x-frame-options"] == "DENY"
+    await ui.login(ui.data.token_a)
+    for path in ("/ui/batches", "/ui/agents", f"/ui/evals/{ui.data.batch}", "/ui/nope"):
+        r = await ui.client.get(path)
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["referrer-policy"] == "same-origin", path
+
+
+async def test_a_form_over_the_limit_is_refused_by_the_one_body_reader(ui: Ui) -> None:
+    """Issue 32 item 5: the UI's forms had a body reader of their own beside the API's; both
+    read through requests.read_body now (413 naming the form once it passes MAX_FORM_BYTES)."""
+    d = ui.data
+    await ui.login(d.token_a)
+    page = (await ui.client.get("/ui/gepa-jobs")).text
+    form = f"csrf={_csrf(page)}&agent_id={d.agent_a}&trainset=".encode()
+    left = MAX_FORM_BYTES + 1 - len(form)
+
+    async def streamed() -> AsyncIterator[bytes]:  # (no declared length: read until over the limit)
+        yield form
+        for start in range(0, left, 65536):
+            yield b"x" * min(65536, left - start)
+
+    headers = {"content-type": "application/x-www-form-urlencoded"}
+    r = await ui.client.post("/ui/gepa-jobs", content=streamed(), headers=headers)
+    assert r.status_code == 413 and f"the form is over {MAX_FORM_BYTES} bytes" in r.text

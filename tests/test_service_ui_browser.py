@@ -143,3 +143,25 @@ async def test_sign_in_watch_a_batch_start_a_gepa_job_and_promote(site: tuple[st
     assert len(list(shots.glob("*.png"))) == 7
     agent = await store.read(accounts.get_agent, d.ws_a, d.agent_a)
     assert agent is not None and agent["active_version"] == 2
+
+
+async def test_the_compare_form_stays_under_ui(site: tuple[str, Store, UiData, Path]) -> None:
+    """The evaluations page's compare form posted to a hard-coded /compare, which is outside the
+    service's /ui mount (the API answered 404): it goes where the links object says."""
+    url, _store, d, _shots = site
+
+    def drive(page: Any) -> None:
+        page.goto(url + "/ui/login")
+        page.fill("input[name=token]", d.token_a)
+        page.click("button[type=submit]")
+        page.wait_for_url("**/ui/batches")
+        page.goto(url + "/ui/evals")
+        page.select_option("#compare-form select[name=a]", d.batch)
+        page.select_option("#compare-form select[name=b]", d.batch2)
+        with page.expect_navigation():
+            page.click("#compare-form button[type=submit]")
+        assert "/ui/compare?" in page.url, page.url
+        assert page.inner_text("h1") == "Compare runs"
+        assert "6 samples in both" in page.inner_text("main").replace("\n", " ")
+
+    await trio.to_thread.run_sync(_in_browser(drive))

@@ -145,6 +145,27 @@ async def test_llamacpp_token_path_records_a_truncated_reply_and_closes_the_turn
     assert tail == "<|im_end|>\n<|im_start|>user\ngo on<|im_end|>\n<|im_start|>assistant\n"
 
 
+async def test_defect2_a_reply_cut_at_max_tokens_after_a_text_tool_call_stays_truncated_and_is_closed_by_the_special_token() -> (
+    None
+):
+    """The model writes a text tool call, then a literal "<", and max_tokens cuts it there. The
+    stream used to report tool_use, and the next prompt then took the "<" for the start of
+    `<|im_end|>` and closed the turn with the characters "|im_end|>"."""
+    async with open_fake_server([ADD + "<", DONE], formats=[LlamaCppFormat()]) as srv:
+        endpoint = Endpoint("llamacpp", "fake", api_base=srv.base_url, max_tokens=len(ADD) + 1, temperature=1.0)
+        env = CalculatorEnvironment()
+        state = AgentState(Actor(Trajectory((Message("user", "add 5"),)), endpoint, tuple(env.get_tools())), env)
+        states = await run_agent(state, RunConfig(use_tito=True, max_turns=2))
+    traj = states[-1].actor.trajectory
+    assert traj.completions[0].finish_reason == "max_tokens"
+    first, second = (c.tokens for c in traj.completions)
+    assert first is not None and second is not None
+    assert fake_detokenize(list(first.completion_ids)) == ADD + "<"  # cut before <|im_end|>
+    appended = list(second.prompt_ids[len(first.prompt_ids) + len(first.completion_ids) :])
+    assert appended[0] == SPECIAL["<|im_end|>"]  # the special token, not "|", "i", "m", ...
+    assert fake_detokenize(appended).startswith("<|im_end|>\n<|im_start|>tool\n")
+
+
 # ---------------------------------------------------------------------------------------------
 # The real embedded model
 # ---------------------------------------------------------------------------------------------

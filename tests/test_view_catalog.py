@@ -129,12 +129,13 @@ async def test_ids_are_looked_up_never_joined_to_paths(tmp_path: Path, bad: str)
         await catalog.get_sample(catalog.run_id(tmp_path / "run"), bad)
 
 
-async def test_bad_filter_keys_are_a_value_error(tmp_path: Path) -> None:
+async def test_filter_keys_with_quotes_are_data_not_sql(tmp_path: Path) -> None:
     write_eval(tmp_path / "run", [make_sample(0, True)], "x")
     catalog = FilesCatalog([tmp_path], cache_dir=tmp_path / "cache")
     run = catalog.run_id(tmp_path / "run")
-    with pytest.raises(ValueError, match="quotes"):
-        await catalog.list_samples(run, SampleQuery(meta=('le"vel', "x")))
+    for key in ('le"vel', "le'vel", "$.level", "le\\vel"):
+        assert (await catalog.list_samples(run, SampleQuery(meta=(key, "hard")))).items == ()
+        assert (await catalog.list_samples(run, SampleQuery(sort=f"metric:{key}"))).total == 1
     page = await catalog.list_samples(run, SampleQuery(meta=("level", "hard")))
     assert [s.sample_id for s in page.items] == ["q000"]
     assert json.loads(json.dumps(page.items[0].metrics)) == {"correct": 1.0, "length": 1.0}
@@ -154,3 +155,18 @@ async def test_runs_without_their_final_file_are_running_until_they_go_quiet(tmp
     os.utime(tmp_path / "gp" / "state.json", (old, old))
     assert (await catalog.get_eval_run(ev)).row.status == "interrupted"
     assert (await catalog.get_gepa_run(gp)).row.status == "interrupted"
+
+
+async def test_a_branch_in_the_sessions_list_shows_its_conversations_first_message_not_its_tool_result(
+    tmp_path: Path,
+) -> None:
+    """Issue 33 item 15: a branch's own history starts mid-conversation (here with a tool
+    result), and the list showed that as the branch's first message."""
+    from _view_data import write_sessions
+
+    parent, branch, _ = await write_sessions(tmp_path / "sessions")
+    catalog = FilesCatalog([tmp_path / "sessions"], cache_dir=tmp_path / "cache")
+    rows = {r.session_id: r for r in (await catalog.list_sessions(SessionQuery())).items}
+    assert rows[parent].preview == "what is 7 + 5 * 3?"
+    assert rows[branch].preview == "what is 7 + 5 * 3?"
+    assert (await catalog.get_session(branch)).row.preview == "what is 7 + 5 * 3?"

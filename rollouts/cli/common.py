@@ -104,13 +104,26 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, metavar="T", help="sampling temperature")
 
 
+ENV_HELP = (
+    f"the tools the agent gets: {', '.join(sorted(ENVIRONMENTS))}, or your own environment as "
+    "module:Class (the module must be importable: from the current directory or PYTHONPATH; the "
+    "class, or any callable, is called with no arguments) (default: [defaults] env in rollouts.toml, else basic)"
+)
+
+
+def _env_arg(value: str) -> str:
+    """`--env`'s value checked for its form (a built-in name, or module:Class)."""
+    if value in ENVIRONMENTS or is_environment_reference(value):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"unknown environment {value!r}: choose one of {', '.join(sorted(ENVIRONMENTS))}, or name your own "
+        "as module:Class (e.g. my_tools:MyEnvironment)"
+    )
+
+
 def add_env_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("environment")
-    g.add_argument(
-        "--env",
-        choices=sorted(ENVIRONMENTS),
-        help="the tools the agent gets (default: [defaults] env in rollouts.toml, else basic)",
-    )
+    g.add_argument("--env", type=_env_arg, metavar="NAME|module:Class", help=ENV_HELP)
     g.add_argument("--cwd", metavar="DIR", help="working directory for --env coding/git (default: current directory)")
 
 
@@ -218,11 +231,51 @@ def _import_attr(target: str) -> Any:
     return getattr(module, attr)
 
 
+def is_environment_reference(name: str) -> bool:
+    """Whether `name` has the form `module:Class` (`package.module:Outer.Inner` too)."""
+    module, sep, attr = name.partition(":")
+    return (
+        bool(sep)
+        and all(p.isidentifier() for p in module.split("."))
+        and all(p.isidentifier() for p in attr.split("."))
+    )
+
+
+def _import_reference(name: str) -> Any:
+    """The object `module:Class` names, imported as `uvicorn module:app` does: the current
+    directory comes first on the import path (the CLI's own script directory does not)."""
+    module_name, _, qualname = name.partition(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise CLIError(
+            f"environment {name!r}: cannot import module {module_name!r} ({e}); the module must be importable: "
+            "run from the directory that holds it, or add that directory to PYTHONPATH"
+        ) from None
+    try:
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise CLIError(f"environment {name!r}: module {module_name!r} has no {qualname!r}") from None
+    if not callable(obj):
+        raise CLIError(f"environment {name!r} is a {type(obj).__name__}, not a class or factory")
+    return obj
+
+
 def environment_class(name: str) -> Any:
-    """The class behind `--env name` (CLIError if unknown or not installed)."""
+    """The class behind `--env name`: a built-in name, or your own as `module:Class` (any callable
+    of no arguments returning an environment). CLIError if unknown, not importable or not installed."""
     target = ENVIRONMENTS.get(name)
     if target is None:
-        raise CLIError(f"unknown environment {name!r}; choose one of {', '.join(sorted(ENVIRONMENTS))}")
+        if is_environment_reference(name):
+            return _import_reference(name)
+        raise CLIError(
+            f"unknown environment {name!r}; choose one of {', '.join(sorted(ENVIRONMENTS))}, or name your own "
+            "as module:Class"
+        )
     try:
         return _import_attr(target)
     except (ImportError, AttributeError):
@@ -231,8 +284,11 @@ def environment_class(name: str) -> Any:
 
 async def make_environment(name: str, cwd: str | None = None, *, confirm: bool = True) -> Environment:
     """A fresh environment for `--env name`. coding and git work in `cwd` (git: in a new
-    worktree of the repository there); with `confirm`, shell commands and file writes ask first."""
+    worktree of the repository there); with `confirm`, shell commands and file writes ask first.
+    Your own (`module:Class`) is called with no arguments (awaited if it returns an awaitable)."""
     cls = environment_class(name)  # imported by name (optional extras): constructors differ per name
+    if name not in ENVIRONMENTS:
+        return await _own_environment(name, cls)
     root = str(await trio.Path(cwd or os.getcwd()).resolve())
     env: Environment
     try:
@@ -245,6 +301,21 @@ async def make_environment(name: str, cwd: str | None = None, *, confirm: bool =
     except ValueError as e:
         raise CLIError(f"--env {name}: {e}") from None
     return env
+
+
+async def _own_environment(name: str, factory: Any) -> Environment:
+    try:
+        env = factory()
+        if hasattr(env, "__await__"):
+            env = await env
+    except Exception as e:
+        raise CLIError(f"--env {name}: making the environment failed: {type(e).__name__}: {e}") from None
+    if not all(callable(getattr(env, m, None)) for m in ("get_tools", "exec_tool", "serialize")):
+        raise CLIError(
+            f"--env {name} made a {type(env).__name__}, not an environment (it needs get_tools, exec_tool, "
+            "serialize and deserialize: see docs/environments.md)"
+        )
+    return env  # type: ignore[no-any-return]
 
 
 def load_callable(ref: str, what: str) -> Callable[..., Any]:

@@ -7,8 +7,9 @@
    both summaries;
 4. says where the session and the results were written.
 
-Without the embedded model installed (or with `--scripted`) it runs the calculator agent on a
-scripted model instead: deterministic replies streamed exactly like a real provider's.
+Without the embedded model installed (or with `--scripted`) both halves run on scripted models
+instead (deterministic replies streamed exactly like a real provider's): the calculator agent,
+then the same two evaluations, written under `--output` like the local ones.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from rollouts.dtypes import Actor, AgentState, Endpoint, Message, Trajectory
 from rollouts.environments.calculator import CalculatorEnvironment
 from rollouts.errors import ModelFileError
 from rollouts.eval.sample import Sample
-from rollouts.providers.scripted import ScriptedModel, ScriptedReply, ScriptedToolCall
+from rollouts.providers.scripted import ScriptedModel, ScriptedReply, ScriptedRequest, ScriptedToolCall
 from rollouts.run_config import RunConfig
 
 if TYPE_CHECKING:
@@ -129,7 +130,35 @@ def _scripted_calculator() -> ScriptedModel:
     )
 
 
-async def _scripted_demo(store: SessionStore | None) -> int:
+_QUESTION = re.compile(r"What is (\d+) ([-+*/]) (\d+)\?")
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a // b}
+
+
+def _scripted_arithmetic() -> ScriptedModel:
+    """Answers the eval's questions right; in the strict format only when the system prompt
+    shows a worked example (as the small local model does, more or less)."""
+
+    def reply(request: ScriptedRequest) -> str:
+        m = _QUESTION.search(request.last_user_text)
+        if m is None:
+            return "I do not know."
+        value = _OPS[m.group(2)](int(m.group(1)), int(m.group(3)))
+        if "Example" in request.system:
+            return f"<answer>{value}</answer>"
+        return f"The answer is <answer>{value}</answer>."
+
+    return ScriptedModel(reply, name="demo-arithmetic")
+
+
+async def _scripted_demo(store: SessionStore | None, store_root: Path | None, output_root: Path) -> int:
+    _section("a calculator agent on a scripted model (streamed)")
+    session_id = await _scripted_calculator_run(store)
+    reports = await _evaluations(output_root, _scripted_arithmetic().endpoint)
+    _written(session_id, store_root, reports)
+    return 0
+
+
+async def _scripted_calculator_run(store: SessionStore | None) -> str | None:
     question = "What is (7 + 5) * 3 / 4?"
     model = _scripted_calculator()
     print(f"user: {question}\n(model: scripted calculator)\n")
@@ -144,9 +173,23 @@ async def _scripted_demo(store: SessionStore | None) -> int:
     final = states[-1]
     assert isinstance(final.environment, CalculatorEnvironment)
     print(f"\nfinal answer: {final.environment.current_value:g} (stop: {final.stop}, turns: {final.turn_idx})")
-    if final.session_id is not None:
-        print(f"session: {final.session_id}  (rollouts sessions show {final.session_id})")
-    return 0
+    return final.session_id
+
+
+def _written(session_id: str | None, store_root: Path | None, reports: list[EvalReport]) -> None:
+    _section("where things were written")
+    if session_id is not None:
+        print(f"session: {store_root / session_id if store_root else session_id}")
+        print(f"  rollouts sessions show {session_id}")
+    else:
+        print("session: not recorded (no session store in this installation)")
+    for r in reports:
+        print(f"results: {r.output_dir}  (samples.jsonl, report.json)")
+    strict = [r.summary["metrics"]["strict"]["mean"] for r in reports]
+    print(
+        "\nthe better system prompt moved the strict score from "
+        f"{strict[0]:.2f} to {strict[-1]:.2f}: `rollouts gepa` searches for prompts like it automatically."
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,7 +230,7 @@ async def _calculator_run(store: SessionStore | None) -> str | None:
     return final.session_id
 
 
-async def _evaluations(output_root: Path) -> list[EvalReport]:
+async def _evaluations(output_root: Path, endpoint: Endpoint) -> list[EvalReport]:
     from rollouts.cli.eval import summary_text
     from rollouts.cli.tasks import with_system_prompt
     from rollouts.eval.config import EvalConfig, default_prepare_messages
@@ -200,7 +243,7 @@ async def _evaluations(output_root: Path) -> list[EvalReport]:
     for name, prompt in EVAL_PROMPTS:
         print(f"\nsystem prompt ({name}): {prompt!r}")
         config = EvalConfig(
-            endpoint=LOCAL_ENDPOINT,
+            endpoint=endpoint,
             prepare_messages=with_system_prompt(default_prepare_messages, prompt),
             score_fn=combine(
                 metric("strict", strict_answer, weight=1.0),
@@ -228,20 +271,8 @@ async def _local_demo(store: Any, store_root: Path | None, output_root: Path) ->
     session_id = await _calculator_run(store)
     _section("loading the small embedded model (Qwen2.5-Coder-0.5B-Instruct) for the eval")
     await ensure_local_server(QWEN25_CODER_05B, progress=progress)
-    reports = await _evaluations(output_root)
-    _section("where things were written")
-    if session_id is not None:
-        print(f"session: {store_root / session_id if store_root else session_id}")
-        print(f"  rollouts sessions show {session_id}")
-    else:
-        print("session: not recorded (no session store in this installation)")
-    for r in reports:
-        print(f"results: {r.output_dir}  (samples.jsonl, report.json)")
-    strict = [r.summary["metrics"]["strict"]["mean"] for r in reports]
-    print(
-        "\nthe better system prompt moved the strict score from "
-        f"{strict[0]:.2f} to {strict[-1]:.2f}: `rollouts gepa` searches for prompts like it automatically."
-    )
+    reports = await _evaluations(output_root, LOCAL_ENDPOINT)
+    _written(session_id, store_root, reports)
     return 0
 
 
@@ -265,7 +296,7 @@ def main(args: argparse.Namespace) -> int:
         except (ImportError, ModelFileError) as e:
             print(f"the embedded local model is not available ({e});\nrunning the scripted demo instead.\n")
             args.scripted = True
-    if args.scripted:
-        return trio.run(_scripted_demo, store)
     output_root = Path(args.output) if args.output else Path("results") / time.strftime("demo-%Y%m%d-%H%M%S")
+    if args.scripted:
+        return trio.run(_scripted_demo, store, store_root, output_root)
     return trio.run(_local_demo, store, store_root, output_root)

@@ -29,8 +29,10 @@ examples:
   rollouts service token list
   rollouts service token revoke tok_0123456789abcdef
 
-workers read provider API keys from their own environment (the agent's endpoint names the
-variable with api_key_env); keys and tokens never reach the database, logs or results.
+the operator decides what requests may use: a policy file (--policy FILE or
+$ROLLOUTS_SERVICE_POLICY, given to serve and to every worker) names the credentials (the
+variable holding each key and the addresses it may be sent to) and the modules tasks may import;
+see docs/service.md "Security model". Keys and tokens never reach the database, logs or results.
 """
 
 
@@ -39,6 +41,25 @@ def _db_url(args: argparse.Namespace) -> str:
     from rollouts.service.store import default_db_url
 
     return str(getattr(args, "db", None) or os.environ.get(DB_ENV) or default_db_url())
+
+
+def _add_policy(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--policy",
+        metavar="FILE",
+        help="the operator's policy (TOML): credentials requests may use and modules tasks may import "
+        "(default: $ROLLOUTS_SERVICE_POLICY, else built-in credentials and code only)",
+    )
+
+
+def _policy(args: argparse.Namespace) -> Any:
+    from rollouts.errors import ConfigurationError
+    from rollouts.service.policy import ServicePolicy
+
+    try:
+        return ServicePolicy.from_env(args.policy)
+    except ConfigurationError as e:
+        raise CLIError(str(e)) from None
 
 
 def _add_db(p: argparse.ArgumentParser) -> None:
@@ -88,6 +109,7 @@ def _serve(args: argparse.Namespace) -> int:
     from rollouts.service.server import serve
 
     _logging()
+    _policy(args)  # (a bad file is reported before anything starts)
     limits = ApiLimits(max_body_bytes=args.max_body_mb * 1024 * 1024, max_tasks=args.max_tasks)
 
     async def main() -> None:
@@ -103,6 +125,8 @@ def _serve(args: argparse.Namespace) -> int:
                     data_dir=args.data_dir,
                     job_lease_s=args.job_lease,
                     ui=not args.no_ui,
+                    policy_file=os.path.abspath(args.policy) if args.policy else None,
+                    worker_lease_s=args.worker_lease,
                     task_status=task_status,
                 )
             )
@@ -115,15 +139,17 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from rollouts.service.batch_tasks import BatchTasks
     from rollouts.service.store import Store
     from rollouts.service.worker import Worker
 
     _logging()
+    policy = _policy(args)
 
     async def main() -> None:
         store = await Store.open(_db_url(args), max_connections=4)
         try:
-            worker = Worker(store, concurrency=args.concurrency, lease_s=args.lease)
+            worker = Worker(store, run_task=BatchTasks(store, policy), concurrency=args.concurrency, lease_s=args.lease)
             async with trio.open_nursery() as nursery:
                 await nursery.start(worker.run)  # (warmed up and listening: ready for its first task)
                 print(
@@ -217,6 +243,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8321, help="(default: %(default)s)")
     s.add_argument("--workers", type=int, default=0, metavar="N", help="local worker processes (default: 0)")
     s.add_argument("--worker-concurrency", type=int, default=16, metavar="N", help="tasks per worker (default: 16)")
+    s.add_argument(
+        "--worker-lease",
+        type=float,
+        metavar="SECONDS",
+        help="the local workers' task lease: a task whose worker died is rerun after this long (default: 30)",
+    )
     s.add_argument("--max-body-mb", type=int, default=16, metavar="MB", help="larger requests are 413 (default: 16)")
     s.add_argument("--max-tasks", type=int, default=10_000, metavar="N", help="tasks per batch (default: 10000)")
     s.add_argument("--data-dir", metavar="DIR", help="GEPA jobs' run directories (default: a temporary directory)")
@@ -228,12 +260,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="GEPA job lease: a restarted server resumes a job after this long (default: 30)",
     )
     s.add_argument("--no-ui", action="store_true", help="do not serve the web UI under /ui")
+    _add_policy(s)
     s.set_defaults(func=_serve)
 
     w = actions.add_parser("worker", help="run tasks from the database's queue", formatter_class=HelpFormatter)
     _add_db(w)
     w.add_argument("--concurrency", type=int, default=16, metavar="N", help="tasks at once (default: 16)")
     w.add_argument("--lease", type=float, default=30.0, metavar="SECONDS", help="task lease (default: 30)")
+    _add_policy(w)
     w.set_defaults(func=_worker)
 
     t = actions.add_parser("token", help="create, list and revoke API tokens", formatter_class=HelpFormatter)

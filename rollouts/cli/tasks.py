@@ -7,11 +7,11 @@ import argparse
 import csv
 import os
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rollouts.cli.common import CLIError, environment_class, load_callable, make_environment
+from rollouts.cli.common import ENVIRONMENTS, CLIError, environment_class, load_callable, make_environment
 from rollouts.config import RolloutsConfig
 from rollouts.dtypes import Message
 from rollouts.eval import scorers
@@ -114,10 +114,14 @@ def results_root(config: RolloutsConfig) -> Path:
     return Path(str(chosen)).expanduser()
 
 
-def environment_factory(name: str, cwd: str | None) -> Callable[[], Awaitable[Environment]]:
+def environment_factory(name: str, cwd: str | None) -> Callable[..., Any]:
     """A factory of fresh `--env name` environments, one per sample (tool calls never ask: there
-    is nobody to ask). Fails now, not once per sample, if the environment is unavailable."""
-    environment_class(name)
+    is nobody to ask). Fails now, not once per sample, if the environment is unavailable. Your
+    own `module:Class` is the factory itself, as in `EvalConfig(environment_factory=Class)`
+    (called with the row if it takes an argument; its source is part of the fingerprint)."""
+    cls = environment_class(name)
+    if name not in ENVIRONMENTS:
+        return cls  # type: ignore[no-any-return]
 
     async def factory() -> Environment:
         return await make_environment(name, cwd, confirm=False)

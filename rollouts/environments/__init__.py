@@ -9,6 +9,16 @@ from rollouts.environments.calculator import CalculatorEnvironment
 from rollouts.environments.coding import PRESETS, CodingEnvironment
 from rollouts.environments.compose import ComposedEnvironment, compose
 from rollouts.environments.git_worktree import GitError, GitWorktreeEnvironment
+from rollouts.environments.mcp import MCPEnvironment, MCPServer
+from rollouts.environments.sandbox import (
+    BubblewrapSandbox,
+    DockerSandbox,
+    Sandbox,
+    SandboxLimits,
+    SandboxUnavailable,
+    Unsandboxed,
+    resolve_sandbox,
+)
 from rollouts.environments.testing import check_environment, check_tools
 from rollouts.environments.tools import ToolEnvironment, ToolError, tool
 
@@ -16,22 +26,31 @@ __all__ = [
     "PRESETS",
     "BasicEnvironment",
     "BrowsingEnvironment",
+    "BubblewrapSandbox",
     "CalculatorEnvironment",
     "CodingEnvironment",
     "CommandResult",
     "ComposedEnvironment",
+    "DockerSandbox",
     "Environment",
     "EnvironmentBase",
     "GitError",
     "GitWorktreeEnvironment",
+    "MCPEnvironment",
+    "MCPServer",
+    "Sandbox",
+    "SandboxLimits",
+    "SandboxUnavailable",
     "SearchBackend",
     "SearchResult",
     "ToolEnvironment",
     "ToolError",
     "ToolFormatter",
+    "Unsandboxed",
     "check_environment",
     "check_tools",
     "compose",
+    "resolve_sandbox",
     "run_command",
     "tool",
 ]

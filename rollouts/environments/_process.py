@@ -32,6 +32,8 @@ class CommandResult:
     truncated: bool
     total_bytes: int
     pid: int
+    stopped: bool = False
+    """Ended early because the caller's `stop` event was set (e.g. a sandbox limit was hit)."""
 
 
 class _CappedBuffer:
@@ -89,6 +91,8 @@ async def run_command(
     timeout_s: float,
     max_output_bytes: int,
     env: Mapping[str, str] | None = None,
+    stop: trio.Event | None = None,
+    cgroups: Sequence[str] = (),
 ) -> CommandResult:
     """Run `argv` in `cwd` in a new session, under the supervisor (see the module docstring).
 
@@ -96,13 +100,17 @@ async def run_command(
     the supervisor is told to stop (SIGTERM): it SIGKILLs the command and every descendant,
     however detached; when the command exits by itself, the supervisor kills what it left
     behind (background jobs) before exiting. Cancellation propagates after that cleanup.
-    `CommandResult.pid` is the command's own pid (the leader of its session)."""
+    `CommandResult.pid` is the command's own pid (the leader of its session).
+
+    `stop`: when set, the command is killed as at the timeout (`CommandResult.stopped`).
+    `cgroups`: cgroup directories the supervisor joins before it starts the command, so the
+    command and everything it starts count against their limits (e.g. `pids.max`)."""
     assert timeout_s > 0 and max_output_bytes > 0
     assert sys.executable, "the supervisor runs with this Python"
     pid_read, pid_write = os.pipe()
     try:
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-I", "-S", _REAPER, str(pid_write), *argv],
+            [sys.executable, "-I", "-S", _REAPER, str(pid_write), *(f"--cgroup={c}" for c in cgroups), "--", *argv],
             cwd=cwd,
             env=dict(env) if env is not None else None,
             stdin=subprocess.DEVNULL,
@@ -121,6 +129,7 @@ async def run_command(
     command_pid = bytearray()
     buf = _CappedBuffer(max_output_bytes)
     timed_out = False
+    stopped_by_caller = False
     assert proc.stdout is not None
 
     async def _reader() -> None:
@@ -158,7 +167,23 @@ async def run_command(
             nursery.start_soon(_read_scoped)
             nursery.start_soon(_read_pid)
             with trio.move_on_after(timeout_s) as deadline:
-                await proc.wait()
+                if stop is None:
+                    await proc.wait()
+                else:
+                    async with trio.open_nursery() as waiters:
+
+                        async def _wait_stop() -> None:
+                            nonlocal stopped_by_caller
+                            await stop.wait()
+                            stopped_by_caller = True
+                            waiters.cancel_scope.cancel()
+
+                        async def _wait_exit() -> None:
+                            await proc.wait()
+                            waiters.cancel_scope.cancel()
+
+                        waiters.start_soon(_wait_stop)
+                        waiters.start_soon(_wait_exit)
             timed_out = deadline.cancelled_caught
             await _stop_supervisor()
             # Everything below the supervisor is dead now; the pipe reaches EOF once it is gone.
@@ -179,4 +204,5 @@ async def run_command(
         truncated=buf.truncated,
         total_bytes=buf.total,
         pid=int(text) if text.isdigit() else proc.pid,
+        stopped=stopped_by_caller and not timed_out,
     )

@@ -1,12 +1,14 @@
 """The supervisor `run_command` runs a command under, so that none of its processes outlive it.
 
-    python -I -S _reaper.py PID_FD COMMAND [ARGS...]
+    python -I -S _reaper.py PID_FD [--cgroup=DIR ...] -- COMMAND [ARGS...]
 
 A process group or a session is not enough: a command can leave them (`setsid sleep 1000 &`).
 This process makes itself a child subreaper (`prctl(PR_SET_CHILD_SUBREAPER)`, Linux 3.4+), so
 every process the command starts, however it detaches, stays its descendant: an orphan is
 re-parented here, not to init. It then
 
+* joins each `--cgroup` directory (writes its pid to `cgroup.procs`), so that the command and
+  everything it starts count against that cgroup's limits (a sandbox's `pids.max`);
 * forks the command in a session of its own (as before: its process group is its pid) and
   writes the command's pid to PID_FD (then closes it);
 * when the command exits, SIGKILLs every remaining descendant (found by a full listing of
@@ -151,9 +153,23 @@ def _exec_child(argv: list[str]) -> None:
             os._exit(127)
 
 
+def _join_cgroups(args: list[str]) -> list[str]:
+    """Join the `--cgroup=DIR` options' cgroups; the command's argv (after `--`) is returned."""
+    while args and args[0].startswith("--cgroup="):
+        with open(os.path.join(args.pop(0)[len("--cgroup=") :], "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    if args and args[0] == "--":
+        args.pop(0)
+    return args
+
+
 def main() -> None:
     pid_fd = int(sys.argv[1])
-    argv = sys.argv[2:]
+    try:
+        argv = _join_cgroups(sys.argv[2:])
+    except OSError as e:  # a limit that cannot be applied: refuse to run the command
+        os.write(2, f"cannot join the sandbox's cgroup: {e}\n".encode())
+        os._exit(126)
     os.set_inheritable(pid_fd, False)
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the caller's to handle

@@ -2,12 +2,19 @@
 
 Every path a tool receives is resolved against the root (symlinks included) and refused when it
 lands outside: `../x`, `/etc/passwd` and a symlink pointing out of the root all give a clear
-error result. `bash` runs in the root in its own session with a timeout, under a supervisor
-that is a child subreaper (`_reaper.py`): every process the command started, even one that
-left the session (`setsid`, a double fork, `nohup`), is killed on timeout, on cancellation and
-when the command ends, and the output is capped.
+error result. `bash` runs in the root inside a sandbox (`sandbox.py`; bubblewrap by default: a read-only
+system, the root as the only writable host directory, a private /tmp, no network, a private PID
+namespace, CPU/memory/process/file-size/disk limits) with a timeout, under a supervisor that is
+a child subreaper (`_reaper.py`): every process the command started, even one that left the
+session (`setsid`, a double fork, `nohup`), is killed on timeout, on cancellation and when the
+command ends, and the output is capped. Without a usable sandbox the environment refuses to be
+made with bash, unless `sandbox="unsandboxed"` is asked for by name.
 `grep` also runs in a process of its own with a time limit, so a pattern that backtracks
 catastrophically cannot freeze the event loop (Python's `re` holds the GIL while it matches).
+
+One workspace per sample: `await CodingEnvironment.from_template(dir)` works on a private copy
+of `dir` (removed by `aclose()`), so concurrent samples of `evaluate()` or a GRPO group given
+`environment_factory=lambda: CodingEnvironment.from_template(dir)` never see each other's files.
 
 Presets choose the tools: `read_only` (read, ls, glob, grep), `no_write` (those plus bash) and
 `full` (everything). The files themselves are the environment's state on disk; `serialize()`
@@ -16,12 +23,15 @@ captures the root and the settings, so clones made by the agent loop share the d
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+import functools
 import json
 import os
 import re
 import shutil
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -31,6 +41,7 @@ import trio
 from rollouts.dtypes import ToolCall, ToolResult
 from rollouts.environments._grep_worker import TooManyFiles, walk_files
 from rollouts.environments._process import run_command
+from rollouts.environments.sandbox import BubblewrapSandbox, Sandbox, resolve_sandbox
 from rollouts.environments.tools import ToolEnvironment, ToolError, tool
 
 if TYPE_CHECKING:
@@ -74,10 +85,13 @@ class CodingEnvironment(ToolEnvironment):
             like credentials (e.g. `("GITHUB_TOKEN",)`); only the names are serialized.
         pass_secrets: pass every variable whose name looks like a credential (`*_API_KEY`,
             `*TOKEN*`, `*SECRET*`, ...) from this process to bash. Off by default.
+        sandbox: where bash commands run: "auto" (bubblewrap; `SandboxUnavailable` if it cannot
+            run here), a `Sandbox` (`BubblewrapSandbox(limits, allow_network=True)`,
+            `DockerSandbox(image)`), its `to_dict()`, or "unsandboxed" (no confinement: only for
+            code you trust). Only checked when the preset has bash.
+        owns_root: `aclose()` deletes the root (set by `from_template` for its private copy).
 
-    The path confinement applies to the file tools. `bash` runs in the root but is not a
-    sandbox: a command can read any file the process can. Use the `read_only` preset (no
-    bash) or run the agent in a container when that matters.
+    The path confinement applies to the file tools; the sandbox confines `bash`.
     """
 
     def __init__(
@@ -94,6 +108,8 @@ class CodingEnvironment(ToolEnvironment):
         bash_env: Mapping[str, str] | None = None,
         pass_env: Sequence[str] = (),
         pass_secrets: bool = False,
+        sandbox: str | Sandbox | Mapping[str, Any] = "auto",
+        owns_root: bool = False,
     ) -> None:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
@@ -113,6 +129,34 @@ class CodingEnvironment(ToolEnvironment):
         self.bash_env = dict(bash_env or {})
         self.pass_env = tuple(pass_env)
         self.pass_secrets = pass_secrets
+        self.owns_root = owns_root
+        if "bash" in PRESETS[preset]:
+            self.sandbox: Sandbox | None = resolve_sandbox(sandbox)
+        else:  # no model-written code runs: keep the setting without requiring a backend
+            self.sandbox = None if isinstance(sandbox, str) and sandbox == "auto" else resolve_sandbox(sandbox)
+
+    @classmethod
+    async def from_template(
+        cls, template: str | os.PathLike[str], *, workspaces_dir: str | os.PathLike[str] | None = None, **kwargs: Any
+    ) -> Self:
+        """An environment on a fresh copy of the directory `template` (in `workspaces_dir`,
+        default the temp dir), deleted by `aclose()`: one workspace per sample for `evaluate()`
+        and GRPO groups. Other keyword arguments go to the constructor."""
+        src = str(template)
+        root = await trio.to_thread.run_sync(
+            _copy_workspace, src, None if workspaces_dir is None else str(workspaces_dir)
+        )
+        try:
+            return cls(root, owns_root=True, **kwargs)
+        except BaseException:
+            await trio.to_thread.run_sync(functools.partial(shutil.rmtree, root, ignore_errors=True))
+            raise
+
+    async def aclose(self) -> None:
+        """Delete the root if this environment owns it (a `from_template` copy); clones share it."""
+        if self.owns_root:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(functools.partial(shutil.rmtree, self.root, ignore_errors=True))
 
     # ---- protocol -------------------------------------------------------------------------
 
@@ -142,6 +186,8 @@ class CodingEnvironment(ToolEnvironment):
             "bash_env": dict(self.bash_env),
             "pass_env": list(self.pass_env),
             "pass_secrets": self.pass_secrets,
+            "sandbox": self.sandbox.to_dict() if self.sandbox is not None else "auto",
+            "owns_root": self.owns_root,
         }
 
     @classmethod
@@ -310,8 +356,12 @@ class CodingEnvironment(ToolEnvironment):
             k: v for k, v in os.environ.items() if self.pass_secrets or k in self.pass_env or not _SECRET_ENV.search(k)
         }
         env = {**inherited, **self.bash_env}
-        r = await run_command(
-            [shell, "-c", command], cwd=self.root, timeout_s=t, max_output_bytes=self.max_output_bytes, env=env
+        sandbox = self.sandbox or resolve_sandbox("auto")
+        extra = self.sandbox_read_only_paths()
+        if extra and isinstance(sandbox, BubblewrapSandbox):
+            sandbox = dataclasses.replace(sandbox, read_only_paths=(*sandbox.read_only_paths, *extra))
+        r = await sandbox.run(
+            [shell, "-c", command], workspace=self.root, timeout_s=t, max_output_bytes=self.max_output_bytes, env=env
         )
         output = r.output.rstrip("\n")
         if r.timed_out:
@@ -319,8 +369,19 @@ class CodingEnvironment(ToolEnvironment):
         else:
             status = f"[exit code {r.exit_code}]"
         text = f"{output}\n{status}" if output else status
-        details = {"exit_code": r.exit_code, "timed_out": r.timed_out, "truncated": r.truncated, "pid": r.pid}
-        return ToolResult("", text, is_error=r.timed_out or r.exit_code != 0, details=details)
+        details = {
+            "exit_code": r.exit_code,
+            "timed_out": r.timed_out,
+            "truncated": r.truncated,
+            "pid": r.pid,
+            "stopped": r.stopped,
+        }
+        return ToolResult("", text, is_error=r.timed_out or r.stopped or r.exit_code != 0, details=details)
+
+    def sandbox_read_only_paths(self) -> tuple[str, ...]:
+        """Host paths outside the root that bash must see read-only (none here; a git worktree
+        adds its repository's git directory)."""
+        return ()
 
     @tool
     async def ls(self, path: str = ".") -> str:
@@ -424,6 +485,19 @@ class CodingEnvironment(ToolEnvironment):
             return f"No matches for {pattern!r}."
         more = f"\n[more than {_MAX_LIST} matches; narrow the search]" if out["more"] else ""
         return "\n".join(hits) + more
+
+
+def _copy_workspace(template: str, workspaces_dir: str | None) -> str:
+    """A new directory holding a copy of `template` (symlinks copied as links)."""
+    if not os.path.isdir(template):
+        raise ValueError(f"workspace template {template!r} is not an existing directory")
+    root = tempfile.mkdtemp(prefix="rollouts-ws-", dir=workspaces_dir)
+    try:
+        shutil.copytree(template, root, symlinks=True, dirs_exist_ok=True)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return os.path.realpath(root)
 
 
 def _glob_match(pattern: str, path: str) -> bool:

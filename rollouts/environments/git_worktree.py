@@ -286,6 +286,11 @@ class GitWorktreeEnvironment(CodingEnvironment):
     def get_status_info(self) -> dict[str, str]:
         return {**super().get_status_info(), "branch": self.branch, "head": self.head[:12]}
 
+    def sandbox_read_only_paths(self) -> tuple[str, ...]:
+        """The repository's git directory (objects, refs), read-only, so `git log`/`git diff`
+        work in bash inside the sandbox; commits are made by this environment, outside it."""
+        return (os.path.join(self.repo, ".git"),)
+
     async def serialize(self) -> dict[str, Any]:
         data = await super().serialize()
         data.update(

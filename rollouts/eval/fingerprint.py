@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from rollouts._unicode import json_text_utf8
 from rollouts.dtypes import Endpoint, Message
 from rollouts.eval.io import redact_secrets
 
@@ -61,7 +62,7 @@ _PART_NAMES = {
 
 def _digest(data: Any) -> str:
     text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=repr)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_HASH_CHARS]
+    return hashlib.sha256(json_text_utf8(text)).hexdigest()[:_HASH_CHARS]  # any text (lone surrogates too)
 
 
 def endpoint_identity(endpoint: Endpoint) -> dict[str, Any]:

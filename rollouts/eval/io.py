@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from rollouts._unicode import escape_lone_surrogates
 from rollouts.errors import ConfigurationError
 from rollouts.eval.sample import Sample
 from rollouts.redaction import redact_json
@@ -92,10 +93,41 @@ def finite_json(value: Any) -> Any:
     return value
 
 
+def row_json(row: Mapping[str, Any]) -> Any:
+    """A dataset row as samples.jsonl stores it (and resume compares it): NaN and infinities as
+    null, values JSON cannot hold as their text (`str`), lone surrogates kept (written as JSON
+    escapes). A row JSON cannot hold at all (a tuple key, a cycle) is stored as its `repr`."""
+    try:
+        return json.loads(escape_lone_surrogates(dumps_json(dict(row))))
+    except (TypeError, ValueError, RecursionError):
+        return {"unstorable_row": repr(row)}
+
+
 def sample_to_line(sample: Sample) -> str:
-    """One JSON line (with trailing newline), always valid JSON (see `dumps_json`), known secrets
-    masked."""
-    return redact_json(dumps_json(sample.to_dict(), separators=(",", ":"))) + "\n"
+    """One JSON line (with trailing newline), always valid JSON (see `dumps_json`), any text kept
+    (lone surrogates as escapes), the row as `row_json` stores it, known secrets masked. Raises
+    (TypeError, ValueError) only for a trajectory, score or metadata JSON cannot hold."""
+    data = sample.to_dict()
+    data["input"] = row_json(sample.input)
+    return escape_lone_surrogates(redact_json(dumps_json(data, separators=(",", ":")))) + "\n"
+
+
+def recordable(sample: Sample) -> tuple[Sample, str]:
+    """`sample` and its samples.jsonl line; if the sample cannot be written (its trajectory,
+    score or metadata hold something JSON cannot), that sample failed, naming why: a failure
+    marks only its own sample."""
+    try:
+        return sample, sample_to_line(sample)
+    except (TypeError, ValueError, RecursionError) as e:
+        failed = Sample(
+            id=sample.id,
+            input=sample.input,
+            status="failed",
+            error=f"recording the sample: {type(e).__name__}: {e}",
+            stop_reason=sample.stop_reason,
+            fingerprint=sample.fingerprint,
+        )
+        return failed, sample_to_line(failed)
 
 
 class SampleLog:
@@ -109,11 +141,15 @@ class SampleLog:
         self._f: IO[str] | None = self.path.open("a", encoding="utf-8")
         self.written = 0
 
-    def write(self, sample: Sample) -> None:
+    def write(self, sample: Sample) -> Sample:
+        """Append `sample`; returns it as recorded (failed, naming why, if it cannot be written:
+        see `recordable`)."""
         assert self._f is not None, "SampleLog.write after close"
-        self._f.write(sample_to_line(sample))
+        sample, line = recordable(sample)
+        self._f.write(line)
         self._f.flush()
         self.written += 1
+        return sample
 
     def close(self) -> None:
         if self._f is not None:
@@ -183,7 +219,7 @@ def read_sample_log(path: str | Path) -> dict[str, Sample]:
 def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write `data` as pretty JSON to `path` atomically (temp file + fsync + os.replace), known
     secrets masked."""
-    text = redact_json(dumps_json(data, indent=2))  # NaN as null, known secrets masked
+    text = escape_lone_surrogates(redact_json(dumps_json(data, indent=2)))  # NaN as null, secrets masked
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")

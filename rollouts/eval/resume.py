@@ -25,7 +25,7 @@ from typing import Any, Literal
 from rollouts.errors import ConfigurationError
 from rollouts.eval.config import EvalConfig, Row
 from rollouts.eval.fingerprint import Fingerprint, describe_parts
-from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, read_json
+from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, read_json, row_json
 from rollouts.eval.sample import Sample
 
 __all__ = ["Decision", "PreviousSamples", "ResumeMismatch", "check_report", "input_digest", "remove_previous"]
@@ -38,13 +38,12 @@ class ResumeMismatch(ConfigurationError):
 
 
 def input_digest(row: Mapping[str, Any]) -> bytes:
-    """A digest of a row as it is written to samples.jsonl (so a recorded input compares equal)."""
-    try:
-        data = json.loads(json.dumps(dict(row), default=str))
-    except (TypeError, ValueError):
-        data = repr(row)
-    text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).digest()[:12]
+    """A digest of a row as it is written to samples.jsonl (`row_json`), so the row of a recorded
+    sample read back compares equal to the dataset's row it was made from: NaN (written as null),
+    values JSON cannot hold (written as text) and lone surrogates (written as escapes) included."""
+    data = row_json(row)
+    text = json.dumps(data, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("ascii")).digest()[:12]
 
 
 def remove_previous(out: Path) -> None:

@@ -27,7 +27,9 @@ How it runs:
   samples (same id, same row, same fingerprint: see rollouts.eval.resume) and reruns missing,
   failed and provider-error ones and rows whose content changed; the report covers them all.
   Samples recorded under other settings are never reused silently: that is an error naming
-  what changed, unless `rescore` (only the scorer changed) or `overwrite` is set.
+  what changed, unless `rescore` (only the scorer changed) or `overwrite` is set. One run
+  writes an output_dir at a time: it is locked (an OS file lock, `.rollouts.lock`, released
+  when the run ends or its process dies) and a second run is refused, naming the holder.
 * Memory stays flat however long the dataset: rows are read one at a time, the summary is
   accumulated as samples finish, and with an `output_dir` finished samples are not held
   (`report.samples` reads them back from samples.jsonl when first used; `keep_samples`).
@@ -35,17 +37,17 @@ How it runs:
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
 import trio.lowlevel
 
+from rollouts._dirlock import DirectoryLock
 from rollouts.dtypes import now_iso
 from rollouts.errors import AuthenticationError, ConfigurationError
 from rollouts.eval.config import (
@@ -60,6 +62,8 @@ from rollouts.eval.config import (
     ScoreFn,
     default_prepare_messages,
 )
+from rollouts.eval.epochs import EpochReducer, EpochRow, epoch_reducer, epoch_rows, with_epochs, write_epochs
+from rollouts.eval.executor import Executor, InProcess, Submit, with_limiters
 from rollouts.eval.fingerprint import messages_hash
 from rollouts.eval.ids import SampleIds
 from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, SampleLog, StreamedList, write_json_atomic
@@ -70,7 +74,6 @@ from rollouts.eval.run_sample import error_text, evaluate_sample, rescore_sample
 from rollouts.eval.sample import Sample
 from rollouts.eval.summary import SummaryBuilder
 from rollouts.providers import client_scope
-from rollouts.run_config import RunConfig
 
 __all__ = [
     "Dataset",
@@ -94,6 +97,8 @@ __all__ = [
 
 def sample_id_for(row: Row, index: int) -> str:
     """A row's stable id: its own `id` field if it has one, else its index in the dataset."""
+    if isinstance(row, EpochRow):
+        return row.sample_id
     rid = row.get("id")
     return str(rid) if rid is not None and rid != "" else str(index)
 
@@ -175,6 +180,7 @@ class _Run:
     results: dict[str, Sample] | None = None
     reused: int = 0
     rescored: int = 0
+    epochs: EpochReducer | None = None  # EvalConfig.epochs > 1: each row's epochs, reduced
     fatal: list[BaseException] = field(default_factory=list)  # ends the whole evaluation
     in_flight: set[str] = field(default_factory=set)  # admitted, not yet recorded (<= max_concurrent)
 
@@ -183,12 +189,14 @@ class _Run:
         # Protected from Ctrl-C (deferred to the next checkpoint): a sample is counted and on
         # disk, or neither; a line is never torn by KeyboardInterrupt.
         self.in_flight.discard(sample.id)
+        if self.log is not None and not reused:
+            sample = self.log.write(sample)  # (failed instead, if it cannot be written)
         if self.results is not None:
             self.results[sample.id] = sample
-        if self.log is not None and not reused:
-            self.log.write(sample)
         if self.summary is not None:
             self.summary.add(sample)
+        if self.epochs is not None:
+            self.epochs.add(sample)
         self.progress.update(sample, reused=reused)
 
     def admit(self, row: Any, index: int) -> str:
@@ -218,6 +226,8 @@ class _Run:
             assert out is not None or not self.config.keeps_samples
             ids = self._finished_ids(order) if self.in_flight else order
             samples = (lambda: read_samples(out, ids)) if out is not None else ()
+        if self.epochs is not None:
+            summary = with_epochs(summary, samples, self.epochs)
         return EvalReport(
             eval_name=self.config.eval_name,
             samples=samples,
@@ -239,61 +249,87 @@ class _Run:
         return tuple(sid for sid in order if sid not in self.in_flight)
 
 
-def _open(config: EvalConfig) -> tuple[Path | None, SampleLog | None, PreviousSamples | None]:
-    """The output directory, its samples log and what an earlier run recorded there."""
+@dataclass(frozen=True)
+class _Output:
+    """An output directory opened for this run: locked for it, its samples log, and what an
+    earlier run recorded there."""
+
+    path: Path
+    lock: DirectoryLock
+    log: SampleLog
+    previous: PreviousSamples | None
+
+
+def _open(config: EvalConfig) -> _Output | None:
+    """The output directory, locked for this run (DirectoryInUseError if another run writes it)."""
     if config.output_dir is None:
-        return None, None, None
+        return None
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if config.overwrite:
-        remove_previous(out)
-    check_report(out, config)
-    log = SampleLog(out / SAMPLES_FILE)  # (drops a torn last line before the index is read)
+    lock = DirectoryLock.acquire(out, "evaluate() output_dir")  # (creates the directory)
+    log: SampleLog | None = None
     try:
+        if config.overwrite:
+            remove_previous(out)
+        check_report(out, config)
+        log = SampleLog(out / SAMPLES_FILE)  # (drops a torn last line before the index is read)
         previous = PreviousSamples(out, config)
     except BaseException:
-        log.close()
+        if log is not None:
+            log.close()
+        lock.release()
         raise
-    return out, log, previous if len(previous) else None
+    return _Output(out, lock, log, previous if len(previous) else None)
 
 
-def _with_limiters(config: EvalConfig) -> EvalConfig:
-    """`config` with the run's model-call and tool limiters (shared by every sample)."""
-    rc = config.run_config or RunConfig()
-    model_limiter, tool_limiter = config.limiters()
-    rc = replace(rc, max_turns=config.effective_max_turns, model_limiter=model_limiter, tool_limiter=tool_limiter)
-    return replace(config, run_config=rc)
+async def _feed(run: _Run, dataset: Dataset, run_cfg: EvalConfig, executor: Executor) -> None:
+    """Pull rows while a slot is free and decide for each: the executor runs it, or its record
+    is re-scored (here) or reused. Returns when every row is recorded."""
+    slots = trio.CapacityLimiter(executor.capacity(run.config))
+    tokens: dict[str, object] = {}  # rows handed to the executor, not yet recorded: their slots
 
-
-async def _feed(run: _Run, dataset: Dataset, run_cfg: EvalConfig, nursery: trio.Nursery) -> None:
-    """Pull rows while a slot is free and start each one: run it, reuse or re-score its record."""
-    config = run.config
-    slots = trio.CapacityLimiter(config.max_concurrent)
-
-    async def run_one(work: Any, token: object) -> None:
-        try:
-            sample = await work()
-        except AuthenticationError as e:
-            run.fatal.append(e)
-            nursery.cancel_scope.cancel()
-            return
-        finally:
-            slots.release_on_behalf_of(token)
+    async def record(sample: Sample) -> None:
         run.record(sample)
+        token = tokens.pop(sample.id, None)
+        if token is not None:
+            slots.release_on_behalf_of(token)
 
-    async with aclosing(admitted_rows(run, dataset, slots)) as admitted:
-        async for token, sid, row, decision in admitted:
-            if decision == "run":
-                nursery.start_soon(run_one, functools.partial(evaluate_sample, row, sid, run_cfg), token)
-            elif decision == "rescore":
-                assert run.previous is not None
-                run.rescored += 1
-                nursery.start_soon(run_one, functools.partial(rescore_sample, run.previous.load(sid), run_cfg), token)
-            else:
-                assert run.previous is not None
-                slots.release_on_behalf_of(token)
-                run.reused += 1
-                run.record(run.previous.load(sid), reused=True)
+    async def feed(submit: Submit) -> None:
+        failed: list[Exception] = []  # (raised after the nursery: as itself, not in an exception group)
+        async with trio.open_nursery() as rescoring:
+
+            async def rescore_one(sample: Sample, token: object) -> None:
+                try:
+                    done = await rescore_sample(sample, run_cfg)
+                except AuthenticationError as e:  # (an LLM judge's key: every sample would fail)
+                    failed.append(e)
+                    rescoring.cancel_scope.cancel()
+                    return
+                finally:
+                    slots.release_on_behalf_of(token)
+                run.record(done)
+
+            try:
+                async with aclosing(admitted_rows(run, dataset, slots)) as admitted:
+                    async for token, sid, row, decision in admitted:
+                        if decision == "run":
+                            tokens[sid] = token
+                            await submit(row, sid)
+                        elif decision == "rescore":
+                            assert run.previous is not None
+                            run.rescored += 1
+                            rescoring.start_soon(rescore_one, run.previous.load(sid), token)
+                        else:
+                            assert run.previous is not None
+                            slots.release_on_behalf_of(token)
+                            run.reused += 1
+                            run.record(run.previous.load(sid), reused=True)
+            except Exception as e:
+                failed.append(e)
+                rescoring.cancel_scope.cancel()
+        if failed:
+            raise failed[0]
+
+    await executor.run(run_cfg, feed, record)
 
 
 async def admitted_rows(
@@ -305,7 +341,8 @@ async def admitted_rows(
     config = run.config
     rows = _Rows(dataset)
     index = 0
-    while config.max_samples is None or index < config.max_samples:
+    limit = config.max_samples * config.epochs if config.max_samples is not None else None
+    while limit is None or index < limit:
         token = object()
         await slots.acquire_on_behalf_of(token)
         try:
@@ -328,64 +365,63 @@ async def evaluate(
     dataset: Dataset,
     config: EvalConfig,
     *,
-    workers: int | None = None,
-    worker_config: Callable[[], EvalConfig] | None = None,
+    executor: Executor | None = None,
 ) -> EvalReport:
     """Evaluate every row of `dataset` (any iterable or async iterable of dicts, read lazily).
 
     Returns an EvalReport with samples in dataset order. See the module docstring for
     concurrency, failure isolation, persistence and resume.
 
-    `workers=N` (N > 1) runs the samples in N worker processes on this machine, through an
-    embedded queue database, with the same output directory, resume and report (see
-    rollouts.service.eval_workers: callables must then be importable by reference, or built in each
-    worker by `worker_config`, a picklable zero-argument callable returning the EvalConfig).
-    None or 1: everything runs in this process."""
+    `executor` runs the samples (rollouts.eval.executor); by default `InProcess()`, in this
+    process. `executor=WorkerPool(N)` (rollouts.service.eval_workers) runs them in N worker
+    processes on this machine, through an embedded queue database, with the same output
+    directory, resume and report (its callables must then be importable by reference, or built
+    in each worker by its `worker_config`)."""
     started_at, t0 = now_iso(), time.perf_counter()
-    shipped: tuple[bytes, bool] | None = None  # the config as worker processes receive it
-    if workers is not None or worker_config is not None:
-        from rollouts.service.eval_workers import check_workers
-
-        n = workers if workers is not None else 1
-        checked = check_workers(config, n, worker_config)  # (also refuses workers < 1)
-        shipped = checked if n > 1 else None
-    out, log, previous = _open(config)
+    executor = executor if executor is not None else InProcess()
+    executor.prepare(config)  # (refuses what cannot run there before any file is written)
+    run_cfg = with_limiters(config)
+    run_cfg.fingerprint  # noqa: B018 (computed once, before any sample: it reads source files)
+    output = _open(config)
+    out, log = (output.path, output.log) if output is not None else (None, None)
+    previous = output.previous if output is not None else None
+    length = _dataset_len(dataset, config.max_samples)
+    if config.epochs > 1:
+        dataset = epoch_rows(dataset, config.epochs, config.max_samples)
+        length = length * config.epochs if length is not None else None
     progress = ProgressBar(
-        _dataset_len(dataset, config.max_samples),
+        length,
         enabled=None if config.show_progress else False,
         label=config.eval_name,
     )
     keep = config.keeps_samples
     run = _Run(config, out, progress, log, previous, None if keep else SummaryBuilder(), results={} if keep else None)
-    run_cfg = _with_limiters(config)
-    run_cfg.fingerprint  # noqa: B018 (computed once, before any sample: it reads source files)
+    run.epochs = epoch_reducer(config)
 
     async def run_samples() -> None:
-        async with trio.open_nursery() as nursery:
-            try:
-                if shipped is None:
-                    await _feed(run, dataset, run_cfg, nursery)
-                else:
-                    from rollouts.service.eval_workers import run_with_workers
-
-                    assert workers is not None
-                    await run_with_workers(run, dataset, run_cfg, workers, *shipped)
-            except Exception as e:  # the dataset itself is broken, or a resume mismatch: stop everything
-                run.fatal.append(e)
-                nursery.cancel_scope.cancel()
+        try:
+            await _feed(run, dataset, run_cfg, executor)
+        except Exception as e:  # the dataset is broken, a resume mismatch, an AuthenticationError: stop
+            run.fatal.append(e)
 
     @trio.lowlevel.enable_ki_protection
     def finish(status: ReportStatus, error: str | None) -> EvalReport:
         # Synchronous (no checkpoint, so cancellation cannot interrupt it) and protected from a
         # second Ctrl-C: report.json is always written, atomically.
         progress.close()
-        if log is not None:
-            log.close()
-        report = run.report(status, error, started_at, t0)
-        if out is not None:
-            data = report.to_dict(include_ids=False)
-            data["sample_ids"] = StreamedList(report.ids)  # (written one by one: flat at 100,000 rows)
-            write_json_atomic(out / REPORT_FILE, data)
+        try:
+            if log is not None:
+                log.close()
+            report = run.report(status, error, started_at, t0)
+            if out is not None:
+                data = report.to_dict(include_ids=False)
+                data["sample_ids"] = StreamedList(report.ids)  # (written one by one: flat at 100,000 rows)
+                write_json_atomic(out / REPORT_FILE, data)
+                if run.epochs is not None:
+                    write_epochs(out, run.epochs)
+        finally:
+            if output is not None:
+                output.lock.release()  # the directory's last write is done
         return report
 
     status: ReportStatus = "failed"

@@ -22,6 +22,8 @@ from typing import Any
 
 import trio
 
+from rollouts import tracing as _tracing
+from rollouts._awaitable import maybe_await as _maybe_await
 from rollouts.agents import run_agent
 from rollouts.dtypes import Actor, AgentState, Message, StopReason, Trajectory
 from rollouts.environments.base import Environment
@@ -33,13 +35,7 @@ from rollouts.run_config import RunConfig
 
 _log = logging.getLogger("rollouts.eval.run")
 
-__all__ = ["close_environment", "evaluate_sample", "rescore_sample", "takes_row"]
-
-
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
+__all__ = ["close_environment", "evaluate_sample", "finish_sample", "rescore_sample", "takes_row"]
 
 
 def takes_row(fn: Callable[..., Any]) -> bool:
@@ -272,7 +268,7 @@ async def _score(config: EvalConfig, sample: Sample, deadline: float, timeout_te
     return replace(sample, score=score)
 
 
-async def _finish(config: EvalConfig, sample: Sample) -> Sample:
+async def finish_sample(config: EvalConfig, sample: Sample) -> Sample:
     """Call on_sample_end; if it raises, the sample is recorded as failed with that error."""
     if config.on_sample_end is None:
         return sample
@@ -301,23 +297,33 @@ async def evaluate_sample(
 
     A run that stops for any reason of the agent's own (no tool called, max turns, context too
     long, a tool error handler) is "completed" and scored: that is the model's result."""
+    if _tracing.tracer is None:
+        return await _evaluate_sample(row, sample_id, config, environment)
+    attributes = {"rollouts.eval.name": config.eval_name, "rollouts.sample.id": sample_id}
+    with _tracing.span("evaluate_sample", attributes) as span:
+        sample = await _evaluate_sample(row, sample_id, config, environment)
+        _tracing.sample_result(span, sample)
+        return sample
+
+
+async def _evaluate_sample(row: Row, sample_id: str, config: EvalConfig, environment: Environment | None) -> Sample:
     run = _Run(config, row, sample_id)
     made = await _set_up(run, environment)
     if isinstance(made, Sample):
-        return await _finish(config, made)
+        return await finish_sample(config, made)
     messages, env = made
     owned_env = env if environment is None else None  # made by the factory: ours to close
     states: list[AgentState] = []
     try:
         agent = await _run_agent(run, messages, env, states)
         if isinstance(agent, Sample):
-            return await _finish(config, agent)
+            return await finish_sample(config, agent)
         sample = _agent_outcome(run, agent)
         if sample.status == "completed":
             sample = await _score(config, sample, run.deadline, run.timeout_text)
             if sample.status == "completed":  # the duration covers scoring too
                 sample = replace(sample, metadata=run.metadata(agent.attempts, agent.states))
-        return await _finish(config, sample)
+        return await finish_sample(config, sample)
     finally:
         if owned_env is not None:
             # The loop clones the environment before each turn's tools: close the latest copy
@@ -336,7 +342,7 @@ async def rescore_sample(sample: Sample, config: EvalConfig) -> Sample:
     timeout_text = f"timed out after {config.sample_timeout_s}s (EvalConfig.sample_timeout_s)"
     rescored = await _score(config, replace(sample, score=None, fingerprint=fingerprint), deadline, timeout_text)
     meta = {**rescored.metadata, "rescored": True, "rescore_duration_s": round(time.perf_counter() - started, 6)}
-    return await _finish(config, replace(rescored, metadata=meta))
+    return await finish_sample(config, replace(rescored, metadata=meta))
 
 
 async def close_environment(env: Environment) -> None:

@@ -143,8 +143,14 @@ class EvaluationCache:
         self._by_key: dict[str, list[CacheEntry]] = {}
         self._horizon = 0
         self._finished: set[int] = set()
-        self._log = JsonlLog(path) if path is not None and enabled else None
-        if self._log is not None:
+        self._path = path if enabled else None
+        self._log: JsonlLog | None = None
+
+    def open(self) -> None:
+        """Read the records already in the file and open it for appending (the engine calls this
+        once it holds the run directory's lock: opening drops a torn last line)."""
+        if self._path is not None and self._log is None:
+            self._log = JsonlLog(self._path)
             for n, rec in enumerate(self._log):
                 self._index(CacheEntry.from_dict(n, rec))
 

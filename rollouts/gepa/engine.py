@@ -39,6 +39,8 @@ from typing import Any
 
 import trio
 
+from rollouts import tracing as _tracing
+from rollouts._dirlock import DirectoryLock
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ConfigurationError
 from rollouts.gepa.adapter import Candidate, GEPAAdapter
@@ -111,6 +113,7 @@ class GEPAEngine:
         self.valset = list(valset)
         self.config = config
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._lock: DirectoryLock | None = None  # held on run_dir while run() runs
         self.callbacks = tuple(callbacks)
         self.candidate_selector = candidate_selector(config.candidate_selection)
         self.component_selector = component_selector(config.component_selection)
@@ -188,7 +191,9 @@ class GEPAEngine:
         if self.run_dir is None:
             self._init_state()
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = DirectoryLock.acquire(self.run_dir, "GEPA run_dir")  # one writer (released by run())
+        self.journal.open()
+        self.cache.open()
         saved = load_state(self.run_dir)
         if saved is None:
             self._init_state()
@@ -210,6 +215,11 @@ class GEPAEngine:
             )
         self.state = saved
         self.cache.set_horizon(saved.cache_records)
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            lock.release()
 
     def _init_state(self) -> None:
         self.state = GEPAState(
@@ -443,7 +453,7 @@ class GEPAEngine:
         return f"; the iteration started early on #{new_idx} was dropped ({why}: {n} calls spent)"
 
     async def _run_slot(self, spec: ProposalSpec, slot: _Slot) -> None:
-        with slot.scope:
+        with slot.scope, _tracing.gepa_iteration(spec.iteration, spec.kind):
             slot.outcome = await self.proposer.run(self.state, spec, gate=slot.gate, parent_done=slot.parent_done)
         slot.parent_done.set()
         slot.done.set()
@@ -588,7 +598,11 @@ class GEPAEngine:
         """Run (or resume) to the end. Cancelling `cancel_scope`, or reaching `timeout_s`,
         ends the run at once with the best candidate so far; outside cancellation propagates
         (the last checkpoint stays)."""
-        self._load()
+        try:
+            self._load()
+        except BaseException:
+            self._release_lock()
+            raise
         self._started = time.monotonic()
         scope = cancel_scope if cancel_scope is not None else trio.CancelScope()
         if self.config.timeout_s is not None:
@@ -611,6 +625,7 @@ class GEPAEngine:
         finally:
             self.journal.close()
             self.cache.close()
+            self._release_lock()
         if not self.state.candidates:  # cancelled before the seed was evaluated
             self.state.add_candidate(CandidateRecord(0, dict(self.seed_candidate), valset_size=len(self.valset)))
         result = self.state.to_result(stop, self.config.max_metric_calls, str(self.run_dir) if self.run_dir else None)

@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from rollouts import tracing as _tracing
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ProviderError
 from rollouts.gepa.adapter import Candidate, GEPAAdapter, ReflectiveDataset
@@ -65,9 +66,15 @@ class ReflectionJournal:
     the answer recorded for the same iteration, component and current text."""
 
     def __init__(self, path: Path | None) -> None:
-        self._log = JsonlLog(path) if path is not None else None
+        self._path = path
+        self._log: JsonlLog | None = None
         self._answers: dict[str, str] = {}
-        if self._log is not None:
+
+    def open(self) -> None:
+        """Read the answers already recorded and open the file for appending (once the run
+        directory's lock is held: opening drops a torn last line)."""
+        if self._path is not None and self._log is None:
+            self._log = JsonlLog(self._path)
             for rec in self._log:
                 self._answers[rec["key"]] = rec["answer"]
 
@@ -76,9 +83,11 @@ class ReflectionJournal:
         return f"{iteration}:{component}:{candidate_hash({component: current})}"
 
     def answer(self, key: str) -> str | None:
+        self.open()
         return self._answers.get(key)
 
     def record(self, key: str, **data: Any) -> None:
+        self.open()
         if self._log is not None:
             self._log.append({"key": key, **data})
 
@@ -328,7 +337,8 @@ class Proposer:
         key = self.journal.key(iteration, component, current)
         answer = self.journal.answer(key)
         if answer is None:
-            answer = await call_reflection_model(self.reflection_endpoint, prompt)
+            with _tracing.gepa_reflection(iteration, component):
+                answer = await call_reflection_model(self.reflection_endpoint, prompt)
             try:
                 new_text = extract_new_text(answer, component)
             finally:

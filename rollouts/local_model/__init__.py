@@ -8,6 +8,8 @@ registry, run in-process by llama.cpp (`xllamacpp`) behind its OpenAI-compatible
 
 * `_files`: locating the weights in their packages, assembling and hash-verifying the file.
 * `_server`: the process-wide server, started lazily and stopped at exit.
+* `packaged`: model files shipped inside a registry package and pinned by hash (SmolLM2-135M for
+  the `transformers` provider and training), resolved by `resolve_weights`.
 """
 
 from rollouts.local_model._files import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from rollouts._unicode import join_surrogate_pairs
 from rollouts.dtypes import (
     Actor,
     Completion,
@@ -35,13 +36,46 @@ from rollouts.events import (
 )
 
 
+def _call_part(tool_call_id: str) -> str:
+    return tool_call_id.partition("|")[0]
+
+
+def unique_tool_call_ids(blocks: list[ContentBlock]) -> tuple[ContentBlock, ...]:
+    """`blocks` with every tool call's id unique within the message: a provider's id is kept
+    where it is unique; a repeated (or empty) one becomes `<id>_<n>`, the first free n, so each
+    call gets its own result (two calls with one id would leave one of them unanswered). An id
+    `<call id>|<item id>` (the Responses provider keeps both) is judged, and renamed, by its
+    call id: that is the one sent back with the result."""
+    ids = [_call_part(b.id) for b in blocks if isinstance(b, ToolCallContent)]
+    if len(set(ids)) == len(ids) and all(ids):
+        return tuple(blocks)
+    taken = set(ids)
+    seen: set[str] = set()
+    out: list[ContentBlock] = []
+    for b in blocks:
+        if isinstance(b, ToolCallContent):
+            call_id, bar, item = b.id.partition("|")
+            if not call_id or call_id in seen:
+                base, n = call_id or "call", 2
+                while f"{base}_{n}" in taken:
+                    n += 1
+                call_id = f"{base}_{n}"
+                taken.add(call_id)
+                b = replace(b, id=call_id + bar + item)
+            seen.add(call_id)
+        out.append(b)
+    return tuple(out)
+
+
 class MessageBuilder:
     """Accumulates events into blocks keyed by `content_index`.
 
     `feed(event)` for every event, then `finish()` for the Message. A `StreamError` with
     `will_retry` (or a second `StreamStart`) discards everything received so far, so a retried
     stream never duplicates content. `partial_message()` gives what has arrived so far (used to
-    record a turn that was cancelled mid-stream)."""
+    record a turn that was cancelled mid-stream). Tool-call ids are made unique within the
+    message (`unique_tool_call_ids`): the Message is what runs the tools and goes back to the
+    model; streamed events carry the provider's own ids."""
 
     __slots__ = ("_blocks", "_texts", "done", "finish_reason", "model", "provider", "usage")
 
@@ -120,7 +154,7 @@ class MessageBuilder:
             if isinstance(b, str | tuple):
                 if not partial:
                     raise AssertionError(f"content block {idx} ({b!r}) was started but never ended")
-                text = "".join(self._texts.get(idx, ()))
+                text = join_surrogate_pairs("".join(self._texts.get(idx, ())))
                 if b == "text":
                     if text:
                         blocks.append(TextContent(text))
@@ -130,7 +164,7 @@ class MessageBuilder:
                 # an unfinished tool call is dropped: it cannot be executed
             else:
                 blocks.append(b)
-        return tuple(blocks)
+        return unique_tool_call_ids(blocks)
 
     def finish(self) -> Message:
         """The complete assistant message. Every started block must have ended."""

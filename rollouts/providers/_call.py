@@ -126,18 +126,21 @@ class ProviderCall:
     * `build(actor)`: the request;
     * `open_stream(endpoint, request, api_key)`: an async context manager yielding raw items;
     * `translator(emit, model)`: a `Translator` for one attempt;
-    * `classify(exc, provider)`: the error table (a `Failure`, or None to propagate)."""
+    * `classify(exc, provider)`: the error table (a `Failure`, or None to propagate);
+    * `credential(endpoint, key_provider)`: the secret the call sends (default `keys.api_key_for`;
+      Anthropic's also takes `Endpoint.oauth_token`)."""
 
     key_provider: str
     build: Callable[[Actor], Any]
     open_stream: Callable[[Endpoint, Any, str], AbstractAsyncContextManager[AsyncIterator[Any]]]
     translator: Callable[[OnChunk, str], Translator]
     classify: Callable[[Exception, str], Failure | None]
+    credential: Callable[[Endpoint, str], str] = api_key_for
 
     async def run(self, actor: Actor, on_chunk: OnChunk) -> Actor:
         """One call for `actor` (its endpoint's provider, model and key)."""
         ep = actor.endpoint
-        api_key = api_key_for(ep, self.key_provider)
+        api_key = self.credential(ep, self.key_provider)
         return await run_call(
             actor,
             on_chunk,

@@ -468,7 +468,10 @@ class ChatStreamTranslator:
         await self._close_block()
         await self._close_open_call()
         raw = self.finish_reason
-        reason = "tool_use" if text_calls else _FINISH.get(raw, raw) if raw else None
+        # a reply cut at max_tokens stays cut even if its text held a complete tool call
+        reason = (
+            "max_tokens" if raw == "length" else "tool_use" if text_calls else _FINISH.get(raw, raw) if raw else None
+        )
         usage = usage_from_chat(self.usage_raw) if self.usage_raw is not None else Usage()
         if self._model:
             usage = with_cost(usage, self._model, warn=self._price_expected)

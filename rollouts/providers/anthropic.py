@@ -1,7 +1,8 @@
 """Anthropic Messages API, streamed through the official `anthropic` SDK (`AsyncAnthropic`).
 
-Provider name `anthropic`. Key from `Endpoint.api_key` or `ANTHROPIC_API_KEY`; `api_base` is the
-server root (default `https://api.anthropic.com`; a trailing `/v1` is accepted and dropped).
+Provider name `anthropic`. Key from `Endpoint.api_key` or `ANTHROPIC_API_KEY`; or an OAuth access
+token in `Endpoint.oauth_token` (sent as `Authorization: Bearer` with the `oauth-2025-04-20` beta
+header, instead of any key; masked like a key everywhere); `api_base` is the server root (default `https://api.anthropic.com`; a trailing `/v1` is accepted and dropped).
 
 Request (`build_anthropic_request`):
 * history goes through `_transform.transform_history` first (foreign thinking -> text, missing
@@ -64,6 +65,7 @@ from rollouts.providers._pricing import with_cost
 from rollouts.providers._retry import Failure, IncompleteStreamError, classify_sdk_error
 from rollouts.providers._tool_events import end_tool_call, tool_call_delta
 from rollouts.providers._transform import Target, thinking_origin, transform_history, with_extra_params
+from rollouts.providers.keys import api_key_for
 
 PROVIDER = "anthropic"
 _CACHE = {"type": "ephemeral"}
@@ -410,9 +412,21 @@ def api_root(api_base: str) -> str | None:
     return base or None
 
 
+OAUTH_BETA = "oauth-2025-04-20"
+"""The `anthropic-beta` header value the Messages API wants with an OAuth bearer token."""
+
+
+def _credential(endpoint: Endpoint, key_provider: str) -> str:
+    """The OAuth token when the endpoint has one (then no key is looked up), else the API key."""
+    return endpoint.oauth_token or api_key_for(endpoint, key_provider)
+
+
 def _make_client(endpoint: Endpoint, api_key: str) -> anthropic.AsyncAnthropic:
+    oauth = bool(endpoint.oauth_token) and api_key == endpoint.oauth_token
     return anthropic.AsyncAnthropic(
-        api_key=api_key,
+        api_key=None if oauth else api_key,
+        auth_token=api_key if oauth else None,
+        default_headers={"anthropic-beta": OAUTH_BETA} if oauth else None,
         base_url=api_root(endpoint.api_base),
         max_retries=0,  # retried by rollouts.providers._retry
         timeout=anthropic.Timeout(endpoint.timeout, connect=min(10.0, endpoint.timeout)),
@@ -421,7 +435,7 @@ def _make_client(endpoint: Endpoint, api_key: str) -> anthropic.AsyncAnthropic:
 
 
 def _client_key(endpoint: Endpoint, api_key: str) -> Hashable:
-    return ("anthropic-sdk", endpoint.api_base, hash(api_key), endpoint.timeout)
+    return ("anthropic-sdk", endpoint.api_base, hash(api_key), bool(endpoint.oauth_token), endpoint.timeout)
 
 
 @asynccontextmanager
@@ -451,7 +465,7 @@ def classify_anthropic_error(exc: Exception, provider: str) -> Failure | None:
 
 
 CALL = ProviderCall(
-    PROVIDER, build_anthropic_request, _open_stream, AnthropicStreamTranslator, classify_anthropic_error
+    PROVIDER, build_anthropic_request, _open_stream, AnthropicStreamTranslator, classify_anthropic_error, _credential
 )
 
 

@@ -207,9 +207,14 @@ async def next_prompt_ids(tok: ChatTokenizer, trajectory: Trajectory, tools: Seq
     end = await turn_end_text(tok)
     ids = prev.tokens.completion_ids
     if ids and prev.finish_reason != "max_tokens":
-        last_text = await tok.decode(ids[-1:])
-        if last_text and end.startswith(last_text):
-            end = end[len(last_text) :]  # the model wrote the start of the closing text itself
+        # The model wrote the start of the closing text itself (it stopped on `<|im_end|>`): drop
+        # it from `end` only when its last id IS that token — a reply cut after a literal "<"
+        # must still be closed by the special token, not by the characters "|im_end|>".
+        end_ids = await tok.encode(end)
+        if end_ids and ids[-1] == end_ids[0]:
+            first = await tok.decode(end_ids[:1])
+            if first and end.startswith(first):
+                end = end[len(first) :]
     delta = end + await messages_delta_text(tok, new)
     return [*prev.tokens.prompt_ids, *prev.tokens.completion_ids, *(await tok.encode(delta))]
 

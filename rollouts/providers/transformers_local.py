@@ -2,7 +2,7 @@
 
     Endpoint("transformers", "path/to/model-dir")        # a saved model (config + weights + tokenizer)
     Endpoint("transformers", "path/to/model.gguf")       # a GGUF file (dequantised; needs `gguf`)
-    Endpoint("transformers", "smollm2-135m")             # the registry-packaged SmolLM2 (see rollouts.training.weights)
+    Endpoint("transformers", "smollm2-135m")             # the registry-packaged SmolLM2 (see rollouts.local_model.packaged)
     register_transformers_model("policy", model, tokenizer)   # a model object already in memory
 
 Every call is token-exact (it records a `TokenRecord`: prompt ids, sampled ids and their
@@ -330,11 +330,11 @@ def unregister_transformers_model(name: str) -> None:
 
 def load_causal_lm(source: str) -> tuple[Any, Any]:
     """`(model, tokenizer)` from a directory or hub name, a `.gguf` file (dequantised to float32),
-    or a packaged model name (`rollouts.training.weights`). The model is in eval mode."""
+    or a packaged model name (`rollouts.local_model.packaged`). The model is in eval mode."""
     _torch()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rollouts.training.weights import resolve_weights
+    from rollouts.local_model.packaged import resolve_weights
 
     path = resolve_weights(source)
     if path.suffix == ".gguf":

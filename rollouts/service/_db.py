@@ -81,7 +81,7 @@ class Tx:
         self.rowcount = 0
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        cur = self._conn.execute(self.dialect.sql(sql), tuple(params))
+        cur = self._conn.execute(self.dialect.sql(sql), tuple(_storable(p, self.dialect.is_postgres) for p in params))
         self.rowcount = cur.rowcount
         if cur.description is None:
             return []
@@ -99,6 +99,23 @@ class Tx:
                 cur.executemany(self.dialect.sql(sql), [tuple(p) for p in seq])
         else:
             self._conn.executemany(sql, [tuple(p) for p in seq])
+
+
+def _storable(value: Any, postgres: bool) -> Any:
+    """`value`, with what no database column can hold replaced by U+FFFD: lone surrogates (not
+    encodable as UTF-8) and, on PostgreSQL, NUL. Requests are refused at the door for both
+    (rollouts.service.requests); this keeps text a model or a task's code produced (an error
+    message, a GEPA prompt) from failing the write that records it. JSON documents are stored
+    as ASCII escapes and pass unchanged."""
+    if not isinstance(value, str) or (value.isascii() and not (postgres and "\x00" in value)):
+        return value
+    if postgres:
+        value = value.replace("\x00", "\ufffd")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
+    return value
 
 
 def parse_db_url(url: str) -> tuple[Dialect, str]:

@@ -40,8 +40,8 @@ def new_id(prefix: str) -> str:
 @dataclass(frozen=True)
 class VersionSpec:
     """What an agent version runs: `endpoint` is a model config without the key (provider,
-    model, api_base, api_key_env — the name of the variable the worker reads the key from —,
-    max_tokens, ...); `environment` a built-in environment name or `module:Class` (None: no
+    model, api_base, credential — one the operator configured, which names the variable the key is
+    read from and the addresses it may be sent to —, max_tokens, ...); `environment` a built-in environment name or `module:Class` (None: no
     tools)."""
 
     endpoint: Mapping[str, Any]

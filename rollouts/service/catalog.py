@@ -1,17 +1,16 @@
 """The viewer's `Catalog` over the service's database: batches as eval runs, GEPA jobs as GEPA runs.
 
-    catalog = ServiceCatalog(store)
-    with use_workspace(workspace_id):          # the UI's auth middleware does this per request
-        page = await catalog.list_samples(batch_id, SampleQuery(sort="reward", descending=True))
+    catalog = ServiceCatalog(store, workspace_id)    # the UI makes one per request (catalog_for)
+    page = await catalog.list_samples(batch_id, SampleQuery(sort="reward", descending=True))
 
-Every query is filtered by the workspace of the current request (`use_workspace`, a context
-variable the UI sets after checking the session cookie): another workspace's batch or job is
-`NotFound`, as a missing one. Outside `use_workspace` every method fails (an AssertionError:
-no query ever runs unscoped).
+Every query is filtered by the catalog's workspace (the one the request's session names):
+another workspace's batch or job is `NotFound`, as a missing one.
 
 A batch's tasks are its samples: score (the result's reward), status, turns, tokens, cost and
-execution time; filtering, sorting and paging run in SQL on both SQLite and PostgreSQL (JSON
-fields of the stored result are read with each dialect's JSON functions). A GEPA job's
+execution time; filtering, sorting and paging run in SQL on both SQLite and PostgreSQL, compiled
+by the viewer's one query compiler (rollouts.view._sql) from `sample_columns`, so a filter gives
+the same rows here as in `rollouts view` (JSON fields of the stored result are read with each
+dialect's JSON functions). A GEPA job's
 candidates, lineage, Pareto front and history come from its checkpoint (the engine's state, kept
 in the job row); reflections are not in the checkpoint: they are read from the job's run
 directories under `gepa_dir` (the `data_dir` of the server's GEPA jobs: every run of the job on
@@ -21,10 +20,9 @@ no sessions: the sessions list is empty (and the UI has no link to it).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,8 +35,6 @@ from rollouts.service import queue
 from rollouts.service._db import Dialect, Tx
 from rollouts.service.store import Store
 from rollouts.view.catalog import (
-    METRIC_OPS,
-    SAMPLE_SORTS,
     CompareRow,
     Comparison,
     EvalRunDetail,
@@ -55,45 +51,34 @@ from rollouts.view.catalog import (
     SessionRow,
     clamp_page,
 )
+from rollouts.view.sql import SampleColumns, compile_compare, compile_samples
 
-__all__ = ["ServiceCatalog", "current_workspace", "use_workspace"]
+__all__ = ["ServiceCatalog", "sample_columns"]
 
-_WORKSPACE: contextvars.ContextVar[str | None] = contextvars.ContextVar("rollouts_ui_workspace", default=None)
-_FINISHED = ("completed", "failed", "timeout", "cancelled")
 _RUNS_LIMIT = 200  # the runs lists show the newest 200 batches / jobs
 _PREVIEW = 160
-
-
-def current_workspace() -> str:
-    """The workspace of the current request (set by `use_workspace`)."""
-    ws = _WORKSPACE.get()
-    assert ws, "a ServiceCatalog query outside use_workspace()"
-    return ws
-
-
-@contextlib.contextmanager
-def use_workspace(workspace_id: str) -> Iterator[None]:
-    """Scope the catalog's queries in this context to `workspace_id`."""
-    token = _WORKSPACE.set(workspace_id)
-    try:
-        yield
-    finally:
-        _WORKSPACE.reset(token)
 
 
 # ---- SQL over JSON, per dialect ---------------------------------------------------------------------
 
 
+def _jsonb(col: str) -> str:
+    """The JSON text in `col` as jsonb, whatever text it holds: jsonb refuses the escapes `\\u0000`
+    and lone surrogates, which a task's input or a model's reply may hold (the text column keeps
+    them; here, for filtering and sorting only, they read as U+FFFD)."""
+    return f"(regexp_replace({col}, '\\\\u(0000|[dD][89a-fA-F][0-9a-fA-F]{{2}})', '\\\\ufffd', 'g'))::jsonb"
+
+
 def _num(d: Dialect, col: str, *path: str) -> str:
     """A number inside the JSON text in `col` (NULL when absent)."""
     if d.is_postgres:
-        return f"(({col})::jsonb #>> '{{{','.join(path)}}}')::double precision"
+        return f"({_jsonb(col)} #>> '{{{','.join(path)}}}')::double precision"
     return f"json_extract({col}, '$.{'.'.join(path)}')"
 
 
 def _text(d: Dialect, col: str, *path: str) -> str:
     if d.is_postgres:
-        return f"(({col})::jsonb #>> '{{{','.join(path)}}}')"
+        return f"({_jsonb(col)} #>> '{{{','.join(path)}}}')"
     return f"CAST(json_extract({col}, '$.{'.'.join(path)}') AS TEXT)"
 
 
@@ -101,7 +86,7 @@ def _metric(d: Dialect, col: str) -> str:
     """The value of the metric named by the next placeholder, in a result's score."""
     if d.is_postgres:
         return (
-            f"(SELECT (m->>'value')::double precision FROM jsonb_array_elements(({col})::jsonb #> '{{score,metrics}}') m "
+            f"(SELECT (m->>'value')::double precision FROM jsonb_array_elements({_jsonb(col)} #> '{{score,metrics}}') m "
             "WHERE m->>'name' = ? LIMIT 1)"
         )
     return (
@@ -119,33 +104,56 @@ def _reward(d: Dialect, t: str = "t") -> str:
     return f"COALESCE({t}.reward, {_num(d, f'{t}.result', 'score', 'reward')})"
 
 
-def _tokens(d: Dialect) -> str:
-    json_tokens = (
-        f"{_num(d, 't.result', 'usage', 'input_tokens')} + COALESCE({_num(d, 't.result', 'usage', 'output_tokens')}, 0)"
+def _tokens(d: Dialect, t: str = "t") -> str:
+    r = f"{t}.result"
+    json_tokens = f"{_num(d, r, 'usage', 'input_tokens')} + COALESCE({_num(d, r, 'usage', 'output_tokens')}, 0)"
+    return f"COALESCE({t}.tokens, {json_tokens})"
+
+
+def _response(d: Dialect, col: str) -> str:
+    """The text of the last assistant message of the result in `col` (its text blocks joined)."""
+    if d.is_postgres:
+        return (
+            "(SELECT CASE jsonb_typeof(m.value -> 'content') WHEN 'string' THEN m.value ->> 'content' "
+            "WHEN 'array' THEN (SELECT string_agg(b.value ->> 'text', '' ORDER BY b.i) "
+            "FROM jsonb_array_elements(m.value -> 'content') WITH ORDINALITY AS b(value, i) "
+            "WHERE b.value ->> 'type' = 'text') END "
+            f"FROM jsonb_array_elements({_jsonb(col)} #> '{{trajectory,messages}}') WITH ORDINALITY AS m(value, i) "
+            "WHERE m.value ->> 'role' = 'assistant' ORDER BY m.i DESC LIMIT 1)"
+        )
+    return (
+        "(SELECT CASE json_type(m.value, '$.content') WHEN 'text' THEN json_extract(m.value, '$.content') "
+        "WHEN 'array' THEN (SELECT group_concat(json_extract(b.value, '$.text'), '') "
+        "FROM json_each(m.value, '$.content') b WHERE json_extract(b.value, '$.type') = 'text') END "
+        f"FROM json_each({col}, '$.trajectory.messages') m "
+        "WHERE json_extract(m.value, '$.role') = 'assistant' ORDER BY m.key DESC LIMIT 1)"
     )
-    return f"COALESCE(t.tokens, {json_tokens})"
 
 
-def _like(text: str) -> str:
-    return "%" + text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-
-
-def _sort_expr(d: Dialect, sort: str) -> tuple[str, list[Any]]:
-    if sort.startswith("metric:"):
-        return _metric(d, "t.result"), [sort[len("metric:") :]]
-    exprs = {
-        "seq": "t.seq",
-        "id": "t.task_id",
-        "reward": _reward(d),
-        "status": "t.status",
-        "turns": f"COALESCE(t.turns, {_num(d, 't.result', 'turns')})",
-        "tokens": _tokens(d),
-        "cost": f"COALESCE(t.cost_usd, {_num(d, 't.result', 'usage', 'cost_usd')})",
-        "time": "t.execution_time_ms",
-    }
-    if sort not in exprs:
-        raise ValueError(f"sort must be one of {', '.join(SAMPLE_SORTS)} or metric:<name>, got {sort!r}")
-    return exprs[sort], []
+def sample_columns(d: Dialect, t: str = "t") -> SampleColumns:
+    """Where a sample's fields are in the `tasks` table (alias `t`), for the viewer's one query
+    compiler (rollouts.view._sql): a batch's tasks filter and sort as a run's samples do."""
+    if d.is_postgres:
+        meta = f"({_jsonb(f'{t}.input')} -> 'context' ->> ?)"
+    else:
+        meta = f"(SELECT CAST(c.value AS TEXT) FROM json_each({t}.input, '$.context') c WHERE c.key = ?)"
+    return SampleColumns(
+        id=f"{t}.task_id",
+        seq=f"{t}.seq",
+        status=f"{t}.status",
+        reward=_reward(d, t),
+        # (a task without a result has 0 of each, as a sample without a trajectory has in files)
+        turns=f"COALESCE({t}.turns, {_num(d, f'{t}.result', 'turns')}, 0)",
+        tokens=f"COALESCE({_tokens(d, t)}, 0)",
+        cost=f"COALESCE({t}.cost_usd, {_num(d, f'{t}.result', 'usage', 'cost_usd')}, 0)",
+        time=f"COALESCE({t}.execution_time_ms, 0)",
+        metric=_metric(d, f"{t}.result"),
+        meta=meta,
+        # the input's JSON, its user message decoded (non-ASCII text, quotes), the response
+        search=(f"{t}.input", _text(d, f"{t}.input", "user_message"), _response(d, f"{t}.result")),
+        groups={"failed": tuple(x for x in queue.FINISHED if x != "completed"), "pending": queue.PENDING},
+        postgres=d.is_postgres,
+    )
 
 
 # ---- rows ---------------------------------------------------------------------------------------------
@@ -153,13 +161,13 @@ def _sort_expr(d: Dialect, sort: str) -> tuple[str, list[Any]]:
 
 def _run_status(status: str) -> str:
     """A batch's status as the viewer knows it ("running" while tasks are pending)."""
-    return "running" if status in ("queued", "running") else status
+    return "running" if status in queue.PENDING else status
 
 
 def _sample_status(task_status: str) -> str:
     if task_status == "completed":
         return "completed"
-    return "pending" if task_status in ("queued", "running") else "failed"
+    return "pending" if task_status in queue.PENDING else "failed"
 
 
 def _input_preview(raw: str) -> str:
@@ -196,13 +204,33 @@ def _metrics(result: dict[str, Any]) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True)
+class _BatchRun:
+    """A batch with its tasks counted, as the runs list reads it (`_RUN_SELECT`'s columns, by name)."""
+
+    batch_id: str
+    agent_id: str
+    agent_version: int
+    task_count: int
+    cancelled_at: float | None
+    created_at: float
+    agent_name: str
+    completed: int | None  # (the SUMs are NULL for a batch without tasks)
+    failed: int | None  # failed, timed out or cancelled
+    pending: int | None  # queued or running
+    queued: int | None
+    mean_reward: float | None
+    last_finished_at: float | None
+
+
 _RUN_SELECT = (
-    "SELECT b.id, b.agent_id, b.agent_version, b.task_count, b.cancelled_at, b.created_at, a.name, "
-    "SUM(CASE WHEN t.status = 'completed' THEN 1 ELSE 0 END), "
-    "SUM(CASE WHEN t.status IN ('failed', 'timeout', 'cancelled') THEN 1 ELSE 0 END), "
-    "SUM(CASE WHEN t.status IN ('queued', 'running') THEN 1 ELSE 0 END), "
-    "SUM(CASE WHEN t.status = 'queued' THEN 1 ELSE 0 END), "
-    "AVG({reward}), MAX(t.finished_at) "
+    "SELECT b.id AS batch_id, b.agent_id, b.agent_version, b.task_count, b.cancelled_at, b.created_at, "
+    "a.name AS agent_name, "
+    "SUM(CASE WHEN t.status = 'completed' THEN 1 ELSE 0 END) AS completed, "
+    f"SUM(CASE WHEN t.status {queue.status_in(('failed', 'timeout', 'cancelled'))} THEN 1 ELSE 0 END) AS failed, "
+    f"SUM(CASE WHEN t.status {queue.status_in(queue.PENDING)} THEN 1 ELSE 0 END) AS pending, "
+    "SUM(CASE WHEN t.status = 'queued' THEN 1 ELSE 0 END) AS queued, "
+    "AVG({reward}) AS mean_reward, MAX(t.finished_at) AS last_finished_at "
     # the newest batches first (the batches_workspace index), then their tasks (tasks_batch_status_seq)
     "FROM (SELECT * FROM batches WHERE workspace_id = ? {where} ORDER BY created_at DESC, id LIMIT ?) b "
     "JOIN agents a ON a.id = b.agent_id LEFT JOIN tasks t ON t.batch_id = b.id "
@@ -235,30 +263,30 @@ def jobs_version(tx: Tx, ws: str) -> str:
     return ":".join(str(x) for x in (r or ()))
 
 
-def _run_row(r: Sequence[Any]) -> EvalRunRow:
-    bid, agent_id, version, total, cancelled, created, agent_name, done, failed, pending, queued, mean, last = r
-    done, failed, pending, queued = (int(x or 0) for x in (done, failed, pending, queued))
+def _run_row(r: _BatchRun) -> EvalRunRow:
+    done, failed, pending, queued = (int(x or 0) for x in (r.completed, r.failed, r.pending, r.queued))
     counts = {"completed": done, "failed": failed, "queued": queued, "running": pending - queued}
-    status = _run_status(queue.batch_status(counts, int(total), cancelled is not None))
-    from rollouts.service.api import iso
+    status = _run_status(queue.batch_status(counts, int(r.task_count), r.cancelled_at is not None))
+    from rollouts.service.routing import iso
 
+    last = r.last_finished_at
     return EvalRunRow(
-        run_id=str(bid),
-        name=f"{agent_name} v{version}",
-        location=f"batch of agent {agent_id}",
+        run_id=str(r.batch_id),
+        name=f"{r.agent_name} v{r.agent_version}",
+        location=f"batch of agent {r.agent_id}",
         status=status,
         n_samples=done + failed,
         n_failed=failed,
-        mean_reward=float(mean) if mean is not None else None,
-        started_at=iso(created) or "",
-        duration_s=(float(last) - float(created)) if last is not None and not pending else None,
+        mean_reward=float(r.mean_reward) if r.mean_reward is not None else None,
+        started_at=iso(r.created_at) or "",
+        duration_s=(float(last) - float(r.created_at)) if last is not None and not pending else None,
     )
 
 
 def _runs(tx: Tx, ws: str, batch_id: str | None = None) -> list[EvalRunRow]:
     where, params = ("AND id = ?", [ws, batch_id]) if batch_id is not None else ("", [ws])
     sql = _RUN_SELECT.format(reward=_reward(tx.dialect), where=where)
-    return [_run_row(r) for r in tx.execute(sql, [*params, _RUNS_LIMIT])]
+    return [_run_row(r) for r in queue.read_rows(_BatchRun, tx.execute(sql, [*params, _RUNS_LIMIT]))]
 
 
 def _run(tx: Tx, ws: str, batch_id: str) -> EvalRunRow:
@@ -303,44 +331,20 @@ def _eval_run(tx: Tx, ws: str, batch_id: str) -> EvalRunDetail:
 
 
 def _samples(tx: Tx, ws: str, batch_id: str, q: SampleQuery) -> Page[SampleRow]:
-    d = tx.dialect
     if tx.one("SELECT 1 FROM batches WHERE id = ? AND workspace_id = ?", (batch_id, ws)) is None:
         raise NotFound(f"no batch {batch_id}")
     offset, limit = clamp_page(q.offset, q.limit)
-    where: list[str] = ["t.batch_id = ?"]
-    params: list[Any] = [batch_id]
-    if q.status:
-        statuses = {"pending": ("queued", "running"), "failed": ("failed", "timeout", "cancelled")}.get(
-            q.status, (q.status,)
-        )
-        where.append(f"t.status IN ({', '.join('?' for _ in statuses)})")
-        params += list(statuses)
-    if q.failed is not None:
-        where.append("t.status <> 'completed'" if q.failed else "t.status = 'completed'")
-    if q.text:
-        where.append("(LOWER(t.input) LIKE ? ESCAPE '\\' OR LOWER(COALESCE(t.result, '')) LIKE ? ESCAPE '\\')")
-        params += [_like(q.text)] * 2
-    if q.meta is not None:
-        key, value = q.meta
-        if not key.replace("_", "").replace("-", "").isalnum():
-            raise ValueError(f"a metadata key is letters, digits, - and _, got {key!r}")
-        where.append(f"{_text(d, 't.input', 'context', key)} = ?")
-        params.append(value)
-    if q.metric and q.value is not None:
-        if q.op not in METRIC_OPS:
-            raise ValueError(f"op must be one of {' '.join(METRIC_OPS)}, got {q.op!r}")
-        where.append(f"{_metric(d, 't.result')} {q.op} ?")
-        params += [q.metric, float(q.value)]
-    sort, sort_params = _sort_expr(d, q.sort)
-    direction = "DESC" if q.descending else "ASC"
-    clause = " AND ".join(where)
-    total_row = tx.one(f"SELECT COUNT(*) FROM tasks t WHERE {clause}", params)
-    total = int(total_row[0]) if total_row else 0
-    rows = tx.execute(
-        f"SELECT t.task_id, t.seq, t.status, t.input, t.result, t.error, t.execution_time_ms FROM tasks t "
-        f"WHERE {clause} ORDER BY ({sort}) IS NULL, {sort} {direction}, t.seq LIMIT ? OFFSET ?",
-        [*params, *sort_params, *sort_params, limit, offset],
+    sql = compile_samples(
+        sample_columns(tx.dialect),
+        q,
+        select="t.task_id, t.seq, t.status, t.input, t.result, t.error, t.execution_time_ms",
+        source="tasks t",
+        scope=["t.batch_id = ?"],
+        scope_args=[batch_id],
     )
+    total_row = tx.one(sql.count, sql.count_args)
+    total = int(total_row[0]) if total_row else 0
+    rows = tx.execute(sql.page, [*sql.page_args, limit, offset])
     items = []
     for task_id, seq, status, raw_input, raw_result, error, ms in rows:
         result = json.loads(raw_result) if raw_result else {}
@@ -399,22 +403,18 @@ def _sample(tx: Tx, ws: str, batch_id: str, task_id: str) -> Sample:
 def _compare(tx: Tx, ws: str, a: str, b: str, offset: int, limit: int) -> Comparison:
     row_a, row_b = _run(tx, ws, a), _run(tx, ws, b)
     offset, limit = clamp_page(offset, limit)
-    d = tx.dialect
-    ra, rb = _reward(d, "x"), _reward(d, "y")
-    join = "FROM tasks x JOIN tasks y ON y.task_id = x.task_id AND y.batch_id = ? WHERE x.batch_id = ?"
-    delta = f"(COALESCE({rb}, 0) - COALESCE({ra}, 0))"
-    counts = tx.one(
-        f"SELECT COUNT(*), SUM(CASE WHEN {delta} < 0 THEN 1 ELSE 0 END), SUM(CASE WHEN {delta} > 0 THEN 1 ELSE 0 END) {join}",
-        (b, a),
+    sql = compile_compare(
+        sample_columns(tx.dialect, "x"),
+        sample_columns(tx.dialect, "y"),
+        join="FROM tasks x JOIN tasks y ON y.task_id = x.task_id AND y.batch_id = ? WHERE x.batch_id = ?",
+        join_args=[b, a],
     )
+    counts = tx.one(sql.counts, sql.args)
     assert counts is not None
     shared = int(counts[0] or 0)
     n_a = tx.one("SELECT COUNT(*) FROM tasks WHERE batch_id = ?", (a,))
     n_b = tx.one("SELECT COUNT(*) FROM tasks WHERE batch_id = ?", (b,))
-    rows = tx.execute(
-        f"SELECT x.task_id, {ra}, {rb}, x.status, y.status {join} ORDER BY {delta}, x.seq LIMIT ? OFFSET ?",
-        (b, a, limit, offset),
-    )
+    rows = tx.execute(sql.rows, [*sql.args, limit, offset])
     items = tuple(
         CompareRow(str(t), float(x) if x is not None else None, float(y) if y is not None else None, str(sa), str(sb))
         for t, x, y, sa, sb in rows
@@ -530,41 +530,44 @@ def _job_reflections(job_dir: Path, iteration: int) -> list[Reflection]:
 
 
 class ServiceCatalog:
-    """The viewer's `Catalog` over a service `Store`, scoped per request by `use_workspace`."""
+    """The viewer's `Catalog` over a service `Store`, for one workspace: every query is scoped
+    to `workspace_id` (another workspace's batch or job is NotFound, as a missing one). The UI
+    makes one per request, for the workspace its session cookie names."""
 
-    def __init__(self, store: Store, *, gepa_dir: Path | None = None) -> None:
+    def __init__(self, store: Store, workspace_id: str, *, gepa_dir: Path | None = None) -> None:
+        if not workspace_id:
+            raise ValueError("a ServiceCatalog needs the workspace it reads")
         self.store = store
+        self.workspace_id = workspace_id
         self.gepa_dir = gepa_dir  # where this server's GEPA jobs keep their run directories
 
     async def list_sessions(self, query: SessionQuery) -> Page[SessionRow]:
-        current_workspace()
         offset, limit = clamp_page(query.offset, query.limit)
         return Page((), 0, offset, limit)
 
     async def get_session(self, session_id: str, *, offset: int = 0, limit: int = 200) -> SessionDetail:
-        current_workspace()
         raise NotFound(f"the service has no session {session_id}")
 
     async def list_eval_runs(self) -> Sequence[EvalRunRow]:
-        return await self.store.read(_runs, current_workspace())
+        return await self.store.read(_runs, self.workspace_id)
 
     async def get_eval_run(self, run_id: str) -> EvalRunDetail:
-        return await self.store.read(_eval_run, current_workspace(), run_id)
+        return await self.store.read(_eval_run, self.workspace_id, run_id)
 
     async def list_samples(self, run_id: str, query: SampleQuery) -> Page[SampleRow]:
-        return await self.store.read(_samples, current_workspace(), run_id, query)
+        return await self.store.read(_samples, self.workspace_id, run_id, query)
 
     async def get_sample(self, run_id: str, sample_id: str) -> Sample:
-        return await self.store.read(_sample, current_workspace(), run_id, sample_id)
+        return await self.store.read(_sample, self.workspace_id, run_id, sample_id)
 
     async def compare_runs(self, run_a: str, run_b: str, *, offset: int = 0, limit: int = 50) -> Comparison:
-        return await self.store.read(_compare, current_workspace(), run_a, run_b, offset, limit)
+        return await self.store.read(_compare, self.workspace_id, run_a, run_b, offset, limit)
 
     async def list_gepa_runs(self) -> Sequence[GepaRunRow]:
-        return await self.store.read(_jobs, current_workspace())
+        return await self.store.read(_jobs, self.workspace_id)
 
     async def get_gepa_run(self, run_id: str) -> GepaRunDetail:
-        return await self.store.read(_job, current_workspace(), run_id)
+        return await self.store.read(_job, self.workspace_id, run_id)
 
     async def gepa_reflections(self, run_id: str, iteration: int) -> Sequence[Reflection]:
         await self.get_gepa_run(run_id)  # NotFound for another workspace's job
@@ -575,11 +578,11 @@ class ServiceCatalog:
 
     async def runs_version(self) -> str:
         """Changes when any batch in the batches list changes (see `runs_version`)."""
-        return await self.store.read(runs_version, current_workspace())
+        return await self.store.read(runs_version, self.workspace_id)
 
     async def jobs_version(self) -> str:
         """Changes when any GEPA job of the workspace changes."""
-        return await self.store.read(jobs_version, current_workspace())
+        return await self.store.read(jobs_version, self.workspace_id)
 
     async def version(self, kind: Literal["session", "eval", "gepa"], item_id: str) -> str:
-        return await self.store.read(_version, current_workspace(), kind, item_id)
+        return await self.store.read(_version, self.workspace_id, kind, item_id)

@@ -1,4 +1,4 @@
-"""A worker process of evaluate(..., workers=N) (see rollouts.service.eval_workers): started by the
+"""A worker process of evaluate()'s WorkerPool (see rollouts.service.eval_workers): started by the
 parent as `python -m rollouts.service.eval_worker`, it reads its WorkerPayload from stdin,
 rebuilds the EvalConfig, and runs the service's Worker loop (claim under a lease, heartbeats,
 idempotent results) with `evaluate_sample` as the task. It stops when its stdin closes (the
@@ -11,6 +11,7 @@ stderr; the parent reports it instead of restarting the worker).
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import pickle
@@ -27,7 +28,7 @@ import trio.lowlevel
 
 from rollouts.errors import AuthenticationError
 from rollouts.eval.config import EvalConfig
-from rollouts.eval.run import _with_limiters
+from rollouts.eval.executor import with_limiters
 from rollouts.eval.run_sample import evaluate_sample
 from rollouts.service.eval_workers import CONFIG_ERROR_EXIT, ERROR_PREFIX, WorkerPayload
 from rollouts.service.execution import TaskOutcome
@@ -35,29 +36,25 @@ from rollouts.service.queue import ClaimedTask
 from rollouts.service.store import Store
 from rollouts.service.worker import Worker
 
-__all__ = ["EvalWorker", "main"]
+__all__ = ["main", "run_sample"]
 
 
-class EvalWorker(Worker):
-    """The service's Worker, running each claimed row through `evaluate_sample` with one
-    EvalConfig; the result holds the Sample's JSON."""
-
-    def __init__(self, store: Store, config: EvalConfig, **kw: Any) -> None:
-        super().__init__(store, **kw)
-        self.config = config
-
-    async def _recorded(self, count: int) -> None:
-        os.write(1, b".")  # outcomes were written: the parent collects them (a pipe it keeps reading)
-
-    async def _execute(self, task: ClaimedTask, claimed_at: float) -> TaskOutcome:
-        started = time.perf_counter()
-        try:
-            sample = await evaluate_sample(task.input, task.task_id, self.config)
-        except AuthenticationError as e:  # every sample would fail: the parent stops the evaluation
-            ms = int((time.perf_counter() - started) * 1000)
-            return TaskOutcome("completed", {"auth_error": str(e)}, None, ms)
+async def run_sample(config: EvalConfig, task: ClaimedTask, deadline: float) -> TaskOutcome:
+    """A Worker's `run_task`: the claimed row through `evaluate_sample` with `config` (its own
+    time limit, sample_timeout_s; the local batch has no deadline); the result holds the
+    Sample's JSON."""
+    started = time.perf_counter()
+    try:
+        sample = await evaluate_sample(task.input, task.task_id, config)
+    except AuthenticationError as e:  # every sample would fail: the parent stops the evaluation
         ms = int((time.perf_counter() - started) * 1000)
-        return TaskOutcome("completed", {"sample": sample.to_dict()}, None, ms)
+        return TaskOutcome("completed", {"auth_error": str(e)}, None, ms)
+    ms = int((time.perf_counter() - started) * 1000)
+    return TaskOutcome("completed", {"sample": sample.to_dict()}, None, ms)
+
+
+def _tell_parent(count: int) -> None:
+    os.write(1, b".")  # outcomes were written: the parent collects them (a pipe it keeps reading)
 
 
 def _read_exactly(stream: Any, n: int) -> bytes:
@@ -85,15 +82,16 @@ def _build_config(payload: WorkerPayload) -> EvalConfig:
             f"the EvalConfig built in the worker differs from the parent's in {', '.join(differs)}: "
             "worker_config must build the same config"
         )
-    return replace(_with_limiters(config), max_concurrent=payload.concurrency)
+    return replace(with_limiters(config), max_concurrent=payload.concurrency)
 
 
 async def _work(payload: WorkerPayload, config: EvalConfig) -> None:
     store = await Store.open(payload.db_path, max_connections=4)
     try:
-        worker = EvalWorker(
+        worker = Worker(
             store,
-            config,
+            run_task=functools.partial(run_sample, config),
+            on_recorded=_tell_parent,
             concurrency=payload.concurrency,
             worker_id=payload.worker_id,
             lease_s=payload.lease_s,
@@ -103,7 +101,7 @@ async def _work(payload: WorkerPayload, config: EvalConfig) -> None:
             # a byte on stdin: tasks were queued; end of stdin: the parent wants us to stop (or is gone)
             stdin = cast(io.BufferedReader, sys.stdin.buffer)
             while await trio.to_thread.run_sync(stdin.read1, 4096, abandon_on_cancel=True):
-                worker._work_arrived()
+                worker.wake()
             nursery.cancel_scope.cancel()
     finally:
         store.close()

@@ -1,10 +1,11 @@
-"""evaluate(..., workers=N): samples run in N worker processes on this machine, coordinated
-through the service's queue on an embedded SQLite database; this (parent) process keeps
-everything else exactly as in-process: rows are read and admitted here, resume decisions
-(reuse, rescore) are made here, and every finished sample is recorded here (samples.jsonl,
-summary, progress bar, on_sample_end, report.json).
+"""`WorkerPool`, evaluate()'s executor over N worker processes on this machine, coordinated
+through the service's queue on an embedded SQLite database. evaluate() keeps everything else
+exactly as in-process (rollouts.eval.executor): rows are read and admitted in this (parent)
+process, resume decisions (reuse, rescore) are made here, and every finished sample is recorded
+here (samples.jsonl, summary, progress bar, on_sample_end, report.json). evaluate() never
+imports this module: the caller hands the pool in.
 
-    report = await evaluate(rows, config, workers=4)
+    report = await evaluate(rows, config, executor=WorkerPool(4))
 
 How it runs:
 * The queue lives in `<output_dir>/.workers/queue.sqlite` (a temporary directory without an
@@ -16,7 +17,8 @@ How it runs:
   (rollouts.service.eval_worker) claims tasks under a lease, runs `evaluate_sample` on them,
   `ceil(max_concurrent / N)` at a time, and records each result idempotently
   (rollouts.service.queue.finish). The parent takes finished results out of the queue
-  (DELETE ... RETURNING, so a late duplicate finish of a task finds nothing) and records them.
+  (queue.take_finished: DELETE ... RETURNING, so a late duplicate finish of a task finds
+  nothing) and records them. Every task row is written by rollouts.service.queue.
 * A worker process that dies (SIGKILL, a crash) is noticed by the parent at once (it waits on
   the process): the tasks it held go back in the queue and a new worker takes its place. A task
   whose worker died 3 times is recorded as failed, naming that. Leases (30 s, renewed by
@@ -33,7 +35,7 @@ callable. Alternatively `worker_config` is a picklable zero-argument callable (e
 `functools.partial(module_level_factory, args)`) that builds the EvalConfig in each worker; it
 must give the same fingerprint as the parent's config (the CLI's `--workers` uses this).
 Hooks: `on_sample_end` runs in the parent, as each sample is recorded; `on_sample_start` and
-`on_sample_event` happen inside a running sample, in a worker, and are refused with workers > 1.
+`on_sample_event` happen inside a running sample, in a worker, and are refused by the pool.
 """
 
 from __future__ import annotations
@@ -50,32 +52,29 @@ import struct
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
-from contextlib import aclosing
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from rollouts.errors import AuthenticationError, ConfigurationError
 from rollouts.eval.config import EvalConfig, Row
-from rollouts.eval.run_sample import rescore_sample
+from rollouts.eval.executor import Feed, Record
+from rollouts.eval.run_sample import finish_sample
 from rollouts.eval.sample import Sample
+from rollouts.service import queue
+from rollouts.service.store import Store
 
-if TYPE_CHECKING:
-    from rollouts.service.store import Store
-
-__all__ = ["WORKERS_DIR", "WorkerPayload", "check_workers", "run_with_workers"]
+__all__ = ["WORKERS_DIR", "WorkerPayload", "WorkerPool", "check_workers"]
 
 WORKERS_DIR = ".workers"  # inside output_dir: the queue database and the workers' logs
 QUEUE_FILE = "queue.sqlite"
 ERROR_PREFIX = "rollouts worker error: "  # the last stderr line of a worker that could not start
 CONFIG_ERROR_EXIT = 3  # a worker could not build its config: restarting it would not help
 MAX_ATTEMPTS = 3  # a task whose worker died this many times is recorded as failed
-_BATCH = "eval"
-_WORKSPACE = "eval"
-_FAR_S = 10 * 365 * 86400.0  # the batch has no deadline (sample_timeout_s bounds each sample)
+_BATCH = "eval"  # the local batch (queue.create_local_batch)
 _STOP_GRACE_S = 10.0  # how long a stopping worker may take to put its tasks back
 
 
@@ -102,10 +101,10 @@ _CALLABLE_FIELDS = ("score_fn", "prepare_messages", "environment_factory")
 
 def _fix(field_name: str) -> str:
     return (
-        f"with workers > 1, EvalConfig.{field_name} must be importable by reference: define it at module level "
+        f"with a WorkerPool, EvalConfig.{field_name} must be importable by reference: define it at module level "
         "in a module (not in the __main__ script, not a lambda or nested function), or pass "
-        "worker_config=functools.partial(module_level_factory, ...) that builds the EvalConfig in each worker, "
-        "or use workers=1"
+        "WorkerPool(n, worker_config=functools.partial(module_level_factory, ...)) that builds the EvalConfig in "
+        "each worker, or run the samples in this process (no WorkerPool)"
     )
 
 
@@ -153,24 +152,21 @@ def _picklable_config(config: EvalConfig) -> EvalConfig:
     )
 
 
-def check_workers(
-    config: EvalConfig, workers: int, worker_config: Callable[[], EvalConfig] | None
-) -> tuple[bytes, bool]:
+def check_workers(config: EvalConfig, worker_config: Callable[[], EvalConfig] | None) -> tuple[bytes, bool]:
     """The pickled config (or config factory) the workers receive; ConfigurationError naming
     the callable and the fix when something cannot cross to another process."""
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise ConfigurationError(f"evaluate: workers must be an integer >= 1, got {workers!r}")
     for hook in ("on_sample_start", "on_sample_event"):
         if getattr(config, hook) is not None:
             raise ConfigurationError(
-                f"EvalConfig.{hook} runs inside a sample, which with workers > 1 runs in another process: "
-                f"use workers=1 to keep {hook}, or on_sample_end (it runs in this process with workers > 1)"
+                f"EvalConfig.{hook} runs inside a sample, which with a WorkerPool runs in another process: "
+                f"run the samples in this process (no WorkerPool) to keep {hook}, or use on_sample_end (it runs "
+                "in this process with a WorkerPool)"
             )
     if worker_config is not None:
         problem = _reference_problem(worker_config)
         if problem is not None:
             raise ConfigurationError(
-                f"evaluate(worker_config=...): {problem}; it must be a module-level function (or a "
+                f"WorkerPool(worker_config=...): {problem}; it must be a module-level function (or a "
                 "functools.partial of one with picklable arguments) that returns the EvalConfig"
             )
         return pickle.dumps(worker_config), True
@@ -188,63 +184,6 @@ def check_workers(
             f"EvalConfig cannot be sent to worker processes ({type(e).__name__}: {e}); "
             f"{_fix('run_config (its handlers)')}"
         ) from None
-
-
-# --------------------------------------------------------------------------------------------
-# The queue (SQL on the service schema: one workspace, agent and batch)
-# --------------------------------------------------------------------------------------------
-
-
-def _create_batch(tx: Any, max_turns: int) -> None:
-    now = tx.dialect.now
-    tx.execute(f"INSERT INTO workspaces (id, name, created_at) VALUES (?, ?, {now})", (_WORKSPACE, _WORKSPACE))
-    tx.execute(
-        f"INSERT INTO agents (id, workspace_id, name, created_at) VALUES (?, ?, ?, {now})",
-        (_BATCH, _WORKSPACE, _BATCH),
-    )
-    tx.execute(
-        f"INSERT INTO agent_versions (agent_id, version, endpoint, max_turns, created_at) VALUES (?, 1, '{{}}', ?, {now})",
-        (_BATCH, max_turns),
-    )
-    tx.execute(
-        "INSERT INTO batches (id, workspace_id, agent_id, agent_version, system_prompt, config, task_count, "
-        f"parallelism, timeout_per_task_ms, deadline_at, created_at) "
-        f"VALUES (?, ?, ?, 1, '', '{{}}', 0, ?, ?, {now} + ?, {now})",
-        (_BATCH, _WORKSPACE, _BATCH, 2**31 - 1, int(_FAR_S * 1000), _FAR_S),
-    )
-
-
-def _enqueue(tx: Any, tasks: list[tuple[str, int, str]]) -> None:
-    tx.many(
-        f"INSERT INTO tasks (batch_id, task_id, seq, input, status, queued_at) "
-        f"VALUES ('{_BATCH}', ?, ?, ?, 'queued', {tx.dialect.now})",
-        tasks,
-    )
-
-
-def _take_finished(tx: Any) -> list[tuple[str, str, str, str | None, str | None]]:
-    """Finished tasks, removed from the queue: (task_id, status, input, result, error)."""
-    rows = tx.execute(
-        "DELETE FROM tasks WHERE batch_id = ? AND status IN ('completed', 'failed', 'timeout') "
-        "RETURNING task_id, status, input, result, error",
-        (_BATCH,),
-    )
-    return [(str(t), str(s), str(i), r, e) for t, s, i, r, e in rows]
-
-
-def _requeue_dead(tx: Any, worker_id: str, how: str) -> None:
-    """Put the tasks of a worker process that died back in the queue (failed after MAX_ATTEMPTS)."""
-    tx.execute(
-        f"UPDATE tasks SET status = 'failed', error = 'the worker process running it died ' || attempts || "
-        f"' times (last: {how})', finished_at = {tx.dialect.now}, lease_owner = NULL, lease_expires_at = NULL "
-        "WHERE lease_owner = ? AND status = 'running' AND attempts >= ?",
-        (worker_id, MAX_ATTEMPTS),
-    )
-    tx.execute(
-        "UPDATE tasks SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL "
-        "WHERE lease_owner = ? AND status = 'running'",
-        (worker_id,),
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -342,12 +281,12 @@ class _Pool:
                 reason = said[-1][len(ERROR_PREFIX) :] if said else tail
                 self.fatal(ConfigurationError(f"a worker process could not build its EvalConfig: {reason}"))
                 return
-            await self.store.call(_requeue_dead, worker_id, how)
+            await self.store.call(queue.requeue_lost, worker_id, how, MAX_ATTEMPTS)
             self.restarts += 1
             if self.restarts > 3 * self.workers:
                 self.fatal(
                     RuntimeError(
-                        f"evaluate(workers={self.workers}): worker processes keep dying ({self.restarts} times, last: "
+                        f"WorkerPool({self.workers}): worker processes keep dying ({self.restarts} times, last: "
                         f"{how}); the last one's stderr ({log}): {_log_tail(log)}"
                     )
                 )
@@ -394,117 +333,114 @@ def _row_json(row: Row, sid: str) -> str:
         return json.dumps(dict(row), allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ConfigurationError(
-            f"row {sid!r}: with workers > 1 rows go to the worker processes as JSON, and this one is not "
-            f"JSON ({e}); convert its values to JSON types, or use workers=1"
+            f"row {sid!r}: with a WorkerPool rows go to the worker processes as JSON, and this one is not "
+            f"JSON ({e}); convert its values to JSON types, or run the samples in this process (no WorkerPool)"
         ) from None
 
 
-def _sample_of(run: Any, task_id: str, status: str, input_text: str, result: str | None, error: str | None) -> Sample:
-    if status == "completed" and result:
-        data = json.loads(result)
+def _sample_of(config: EvalConfig, task: queue.FinishedTask) -> Sample:
+    if task.status == "completed" and task.result:
+        data = json.loads(task.result)
         if "auth_error" in data:
             raise AuthenticationError(data["auth_error"])
         return Sample.from_dict(data["sample"])
     return Sample(
-        id=task_id,
-        input=json.loads(input_text),
+        id=task.task_id,
+        input=json.loads(task.input),
         status="failed",
-        error=error or f"the task ended {status} in the worker queue",
-        fingerprint=run.config.fingerprint.to_dict(),
+        error=task.error or f"the task ended {task.status} in the worker queue",
+        fingerprint=config.fingerprint.to_dict(),
     )
 
 
-async def run_with_workers(
-    run: Any, dataset: Any, run_cfg: EvalConfig, workers: int, config_bytes: bytes, is_factory: bool
-) -> None:
-    """Feed `dataset` to `workers` worker processes and record what they finish in `run` (the
-    in-process path's `_Run`, from rollouts.eval.run); returns when every row is recorded."""
-    from rollouts.eval.run_sample import _finish
-    from rollouts.service.store import Store
+@dataclass(frozen=True)
+class WorkerPool:
+    """evaluate()'s executor over `workers` worker processes on this machine (see the module
+    docstring); `worker_config`, a picklable zero-argument callable, builds the EvalConfig in
+    each worker instead of receiving it pickled.
 
-    config: EvalConfig = run.config
-    directory = _queue_dir(config)
-    store: Store | None = None
-    fatal: list[BaseException] = []
-    try:
-        store = await Store.open(str(directory / QUEUE_FILE), max_connections=4)
-        await store.call(_create_batch, config.effective_max_turns)
-        payload = WorkerPayload(
-            sys_path=tuple(sys.path),
-            db_path=str(directory / QUEUE_FILE),
-            worker_id="",
-            concurrency=max(1, math.ceil(config.max_concurrent / workers)),
-            lease_s=30.0,
-            config=config_bytes,
-            is_factory=is_factory,
-            fingerprint=config.fingerprint.to_dict(),
-        )
-        async with trio.open_nursery() as nursery:
+        report = await evaluate(rows, config, executor=WorkerPool(4))
+    """
 
-            def stop_all(e: BaseException) -> None:
-                fatal.append(e)
-                nursery.cancel_scope.cancel()
+    workers: int
+    worker_config: Callable[[], EvalConfig] | None = None
 
-            pool = _Pool(directory, store, payload, workers, stop_all)
-            try:
-                for slot in range(workers):
-                    await nursery.start(pool.watch, slot, nursery)
-                await _feed_and_collect(run, dataset, run_cfg, store, _finish, pool)
-            except Exception as e:  # (raised here, not through the nursery: no exception group)
-                fatal.append(e)
-            finally:
-                await pool.stop()
-                nursery.cancel_scope.cancel()
-        if fatal:
-            raise fatal[0]
-    finally:
-        if store is not None:
-            store.close()
-        shutil.rmtree(directory, ignore_errors=True)
+    def __post_init__(self) -> None:
+        if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1:
+            raise ConfigurationError(f"WorkerPool: workers must be an integer >= 1, got {self.workers!r}")
+
+    def prepare(self, config: EvalConfig) -> None:
+        """ConfigurationError naming the callable and the fix when something cannot cross to
+        another process (before evaluate() writes anything)."""
+        check_workers(config, self.worker_config)
+
+    def capacity(self, config: EvalConfig) -> int:
+        return 2 * config.max_concurrent  # (queued rows waiting for a free worker slot)
+
+    async def run(self, config: EvalConfig, feed: Feed, record: Record) -> None:
+        """Start the workers, queue what `feed` submits, record what they finish; stop them."""
+        config_bytes, is_factory = check_workers(config, self.worker_config)
+        directory = _queue_dir(config)
+        store: Store | None = None
+        fatal: list[BaseException] = []
+        try:
+            store = await Store.open(str(directory / QUEUE_FILE), max_connections=4)
+            await store.call(queue.create_local_batch, _BATCH, config.effective_max_turns)
+            payload = WorkerPayload(
+                sys_path=tuple(sys.path),
+                db_path=str(directory / QUEUE_FILE),
+                worker_id="",
+                concurrency=max(1, math.ceil(config.max_concurrent / self.workers)),
+                lease_s=30.0,
+                config=config_bytes,
+                is_factory=is_factory,
+                fingerprint=config.fingerprint.to_dict(),
+            )
+            async with trio.open_nursery() as nursery:
+
+                def stop_all(e: BaseException) -> None:
+                    fatal.append(e)
+                    nursery.cancel_scope.cancel()
+
+                pool = _Pool(directory, store, payload, self.workers, stop_all)
+                try:
+                    for slot in range(self.workers):
+                        await nursery.start(pool.watch, slot, nursery)
+                    await _feed_and_collect(config, feed, record, store, pool)
+                except Exception as e:  # (raised here, not through the nursery: no exception group)
+                    fatal.append(e)
+                finally:
+                    await pool.stop()
+                    nursery.cancel_scope.cancel()
+            if fatal:
+                raise fatal[0]
+        finally:
+            if store is not None:
+                store.close()
+            shutil.rmtree(directory, ignore_errors=True)
 
 
-async def _feed_and_collect(
-    run: Any, dataset: Any, run_cfg: EvalConfig, store: Store, finish: Any, pool: _Pool
-) -> None:
-    from rollouts.eval.run import admitted_rows
-
-    config: EvalConfig = run.config
-    slots = trio.CapacityLimiter(2 * config.max_concurrent)
-    tokens: dict[str, object] = {}  # rows in the queue, by sample id
+async def _feed_and_collect(config: EvalConfig, feed: Feed, record: Record, store: Store, pool: _Pool) -> None:
+    """Queue the rows `feed` submits (in batches of up to 256 per transaction) and record the
+    results the workers finish, until every submitted row is recorded."""
+    outstanding: set[str] = set()  # submitted rows not yet recorded, by sample id
     send, receive = trio.open_memory_channel[tuple[str, int, str]](config.max_concurrent)
     fed = trio.Event()
     seq = 0
 
-    async def record(sample: Sample) -> None:
-        sample = await finish(config, sample)  # on_sample_end, in this process
-        run.record(sample)
-        token = tokens.pop(sample.id, None)
-        if token is not None:
-            slots.release_on_behalf_of(token)
+    async def deliver(sample: Sample) -> None:
+        await record(await finish_sample(config, sample))  # (on_sample_end, in this process)
+        outstanding.discard(sample.id)
 
-    async def rescore_one(sample: Sample, token: object) -> None:
-        try:
-            done = await rescore_sample(sample, replace(run_cfg, on_sample_end=None))
-        finally:
-            slots.release_on_behalf_of(token)
-        run.record(await finish(config, done))
-
-    async def feed(nursery: trio.Nursery) -> None:
+    async def submit(row: Row, sample_id: str) -> None:
         nonlocal seq
+        outstanding.add(sample_id)
+        await send.send((sample_id, seq, _row_json(row, sample_id)))
+        seq += 1
+
+    async def feed_all() -> None:
         async with send:
-            async with aclosing(admitted_rows(run, dataset, slots)) as admitted:
-                async for token, sid, row, decision in admitted:
-                    if decision == "run":
-                        tokens[sid] = token
-                        await send.send((sid, seq, _row_json(row, sid)))
-                        seq += 1
-                    elif decision == "rescore":
-                        run.rescored += 1
-                        nursery.start_soon(rescore_one, run.previous.load(sid), token)
-                    else:
-                        slots.release_on_behalf_of(token)
-                        run.reused += 1
-                        run.record(run.previous.load(sid), reused=True)
+            await feed(submit)
         fed.set()
         pool.results.set()  # (the collector re-checks whether anything is left)
 
@@ -517,16 +453,16 @@ async def _feed_and_collect(
                         batch.append(receive.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                await store.call(_enqueue, batch)
+                await store.call(queue.enqueue, _BATCH, batch)
                 pool.wake()
 
     async def collect() -> None:
-        while not (fed.is_set() and not tokens):
+        while not (fed.is_set() and not outstanding):
             pool.results = signal = trio.Event()  # (before the query: no signal is missed)
-            finished = await store.call(_take_finished)
-            for task_id, status, input_text, result, error in finished:
-                if task_id in tokens:  # (always: a task is taken out of the queue once)
-                    await record(_sample_of(run, task_id, status, input_text, result, error))
+            finished = await store.call(queue.take_finished, _BATCH)
+            for task in finished:
+                if task.task_id in outstanding:  # (always: a task is taken out of the queue once)
+                    await deliver(_sample_of(config, task))
             if not finished:
                 # a worker signals each result it records; the timeout covers tasks the
                 # queue itself finishes (a worker lost MAX_ATTEMPTS times)
@@ -535,11 +471,11 @@ async def _feed_and_collect(
 
     errors: list[Exception] = []
 
-    async def guarded(nursery: trio.Nursery, part: Any, *args: Any) -> None:
+    async def guarded(nursery: trio.Nursery, part: Callable[[], Awaitable[None]]) -> None:
         """`part`, its error ending the others and raised once, after the nursery (so an
         AuthenticationError or a bad row comes out as itself, not in an exception group)."""
         try:
-            await part(*args)
+            await part()
         except Exception as e:
             errors.append(e)
             nursery.cancel_scope.cancel()
@@ -548,19 +484,19 @@ async def _feed_and_collect(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(guarded, nursery, insert)
             nursery.start_soon(guarded, nursery, collect)
-            await guarded(nursery, feed, nursery)
+            await guarded(nursery, feed_all)
         if errors:
             raise errors[0]
     finally:
-        if tokens:  # cancelled or failed: keep what the workers finished before they stopped
+        if outstanding:  # cancelled or failed: keep what the workers finished before they stopped
             await pool.stop()
             with trio.CancelScope(shield=True) as drain:
                 drain.deadline = trio.current_time() + _STOP_GRACE_S
-                for task_id, status, input_text, result, error in await store.call(_take_finished):
-                    if task_id not in tokens or status != "completed":
+                for task in await store.call(queue.take_finished, _BATCH):
+                    if task.task_id not in outstanding or task.status != "completed":
                         continue
                     try:
-                        sample = _sample_of(run, task_id, status, input_text, result, error)
+                        sample = _sample_of(config, task)
                     except AuthenticationError:
                         continue
-                    await record(sample)
+                    await deliver(sample)

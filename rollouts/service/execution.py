@@ -6,8 +6,10 @@ A task's input is `{"user_message": str}` or `{"messages": [Message JSON, ...]}`
 optional `context` object. The row the score function sees is the context's fields plus
 `user_message` / `messages` / `context`, so built-in scorers find `answer` in the context.
 
-Provider keys come only from the worker's environment (the endpoint spec names the variable
-with `api_key_env`); a key value is scrubbed from every error and result before it is stored.
+What a task may use is the operator's policy (rollouts.service.policy): provider keys come
+only from credentials it configures, read from the worker's environment and sent only to
+their addresses; code is imported only from the modules it allows (built-in environments and
+scorers need none). A key value is scrubbed from every error and result before it is stored.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rollouts.config import BaseModelConfig
 from rollouts.dtypes import Endpoint, Message
 from rollouts.errors import AuthenticationError
 from rollouts.eval import scorers
@@ -28,6 +29,7 @@ from rollouts.eval.config import EvalConfig, Row
 from rollouts.eval.run import evaluate_sample
 from rollouts.eval.sample import Sample
 from rollouts.providers import shared_ssl_context
+from rollouts.service.policy import ServicePolicy
 
 __all__ = [
     "BUILTIN_SCORERS",
@@ -49,6 +51,7 @@ ENVIRONMENTS: dict[str, str] = {
     "calculator": "rollouts.environments.calculator:CalculatorEnvironment",
 }
 
+_BUILTIN = ServicePolicy()
 BUILTIN_SCORERS = scorers.BUILTIN_METRICS  # the same names as `rollouts eval --score`: one table
 
 
@@ -66,12 +69,13 @@ def _import(ref: str, what: str) -> Any:
     return obj
 
 
-def resolve_score(ref: str | None) -> Callable[[Sample], Any] | None:
+def resolve_score(ref: str | None, policy: ServicePolicy | None = None) -> Callable[[Sample], Any] | None:
     """A score function from a built-in scorer name (comma-separated names combine, each
-    weighted 1) or `module:function`."""
+    weighted 1) or `module:function` (one `policy` allows; PolicyError otherwise)."""
     if not ref:
         return None
     if ":" in ref:
+        (policy or _BUILTIN).check_import(ref, "score")
         fn = _import(ref, "score")
         if not callable(fn):
             raise ValueError(f"score {ref!r} is not a function")
@@ -86,10 +90,13 @@ def resolve_score(ref: str | None) -> Callable[[Sample], Any] | None:
     return scorers.builtin_score_fn(names)
 
 
-def resolve_environment(ref: str | None) -> Callable[[], Any] | None:
-    """A factory for the environment named `ref` (None: the agent has no tools)."""
+def resolve_environment(ref: str | None, policy: ServicePolicy | None = None) -> Callable[[], Any] | None:
+    """A factory for the environment named `ref` (None: the agent has no tools): a built-in
+    name, or `module:Class` that `policy` allows (PolicyError otherwise)."""
     if not ref or ref == "none":
         return None
+    if ref not in ENVIRONMENTS:
+        (policy or _BUILTIN).check_import(ref, "environment")
     target = ENVIRONMENTS.get(ref, ref)
     cls = _import(target, "environment")
     if not callable(cls):
@@ -97,13 +104,12 @@ def resolve_environment(ref: str | None) -> Callable[[], Any] | None:
     return cls  # type: ignore[no-any-return]
 
 
-def endpoint_from_spec(spec: Mapping[str, Any], model: str | None = None) -> Endpoint:
-    """The Endpoint an agent version's spec describes, its key read from this process's
-    environment (MissingAPIKeyError names the variable)."""
-    data = dict(spec)
-    if model:
-        data["model"] = model
-    return BaseModelConfig.from_dict(data, source="agent endpoint").to_endpoint()
+def endpoint_from_spec(
+    spec: Mapping[str, Any], model: str | None = None, policy: ServicePolicy | None = None
+) -> Endpoint:
+    """The Endpoint an agent version's spec describes, if `policy` allows it (PolicyError
+    otherwise), its key read from its credential's variable in this process's environment."""
+    return (policy or _BUILTIN).endpoint(spec, model)
 
 
 def task_messages(task_input: Mapping[str, Any], system_prompt: str) -> list[Message]:
@@ -231,14 +237,20 @@ async def run_task(
     if max(time_limit_s, 0.001) != config.sample_timeout_s:
         config = replace(config, sample_timeout_s=max(time_limit_s, 0.001))
     token = _TASK_INPUT.set(task_input)
+    exited: SystemExit | None = None
     try:
-        sample = await evaluate_sample(task_row(task_input), task_id, config)
+        try:
+            sample = await evaluate_sample(task_row(task_input), task_id, config)
+        except* SystemExit as group:  # the task's code asked the process to exit: the task fails, the worker stays
+            exited = group.exceptions[0] if isinstance(group.exceptions[0], SystemExit) else SystemExit()
     except AuthenticationError as e:
         ms = int((time.perf_counter() - started) * 1000)
         return TaskOutcome("failed", None, _scrub(f"authentication failed: {e}", secrets), ms)
     finally:
         _TASK_INPUT.reset(token)
     ms = int((time.perf_counter() - started) * 1000)
+    if exited is not None:
+        return TaskOutcome("failed", None, f"the task's code tried to exit the worker (SystemExit {exited.code!r})", ms)
     status = "completed"
     error = sample.error
     if sample.status != "completed":

@@ -10,8 +10,9 @@ find their batches again by idempotency key, so no rollout is paid for twice. On
 best prompt becomes a new agent version (`source: "gepa"`, parent: the version the job started
 from), promoted if the request asked for it.
 
-The reflection model's key, like the workers' keys, comes from the server's environment
-(`reflection_model.api_key_env`).
+The reflection model, like an agent's endpoint, may use only what the operator's policy
+allows (rollouts.service.policy): its key comes from a credential the operator configured,
+read from the server's environment, and is sent only to that credential's addresses.
 """
 
 from __future__ import annotations
@@ -24,34 +25,31 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
 
-from rollouts.config import BaseModelConfig
 from rollouts.errors import RolloutsError
 from rollouts.gepa.checkpoint import STATE_FILE
 from rollouts.gepa.events import GEPAEvent
 from rollouts.gepa.optimize import optimize
 from rollouts.service import accounts, jobs, queue
 from rollouts.service.accounts import VersionSpec, new_id
-from rollouts.service.api import (
-    _times,
+from rollouts.service.gepa_adapter import ServiceAdapter
+from rollouts.service.policy import ServicePolicy
+from rollouts.service.progress import BatchChanges
+from rollouts.service.requests import (
+    boolean,
+    integer,
     not_found,
-    ok,
+    number,
     parse_endpoint,
     parse_score,
     parse_tasks,
-    progress_stream,
-    read_body,
+    string,
 )
-from rollouts.service.gepa_adapter import ServiceAdapter
-from rollouts.service.requests import boolean, integer, number, string
 from rollouts.service.store import Store
 
 __all__ = ["GEPAJobs"]
 
 _log = logging.getLogger("rollouts.service.gepa_jobs")
-_TERMINAL = ("completed", "failed", "cancelled")
 
 
 def _describe(e: BaseException) -> str:
@@ -61,13 +59,15 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-async def start_job(store: Store, ws: str, agent_id: str, body: dict[str, Any], max_tasks: int) -> dict[str, Any]:
+async def start_job(
+    store: Store, ws: str, agent_id: str, body: dict[str, Any], max_tasks: int, policy: ServicePolicy | None = None
+) -> dict[str, Any]:
     """Check a job request (`POST /v1/agents/{id}/gepa`'s body) and store the job, queued."""
     trainset = parse_tasks(body, "trainset", max_tasks, ids_required=False)
     valset = parse_tasks(body, "valset", max_tasks, ids_required=False) if body.get("valset") is not None else None
-    score = parse_score(body, required=True)
+    score = parse_score(body, required=True, policy=policy)
     budget = integer(body, "max_metric_calls", required=True, minimum=1, maximum=10_000_000)
-    reflection = parse_endpoint(body, "reflection_model")
+    reflection = parse_endpoint(body, "reflection_model", policy=policy)
     cfg = {
         "trainset": [{"task_id": t, **inp} for t, inp in trainset],
         "valset": [{"task_id": t, **inp} for t, inp in valset] if valset else None,
@@ -100,8 +100,12 @@ class GEPAJobs:
         lease_s: float = 30.0,
         max_jobs: int = 2,
         poll_s: float = 1.0,
+        policy: ServicePolicy | None = None,
+        changes: BatchChanges | None = None,
     ) -> None:
         self.store = store
+        self.changes = changes  # (running) wakes the jobs waiting on their batches
+        self.policy = policy or ServicePolicy()
         self.data_dir = Path(data_dir or os.path.join(tempfile.gettempdir(), "rollouts-gepa-jobs"))
         self.lease_s = lease_s
         self.max_jobs = max_jobs
@@ -169,18 +173,32 @@ class GEPAJobs:
                 deadline_s=poll_timeout,
                 idempotency_key=key,
             )
+            assert summary is not None  # (no request digest: a key is never refused)
             bid = summary["batch_id"]
-            delay = 0.02
-            while True:
-                state = await self.store.read(queue.get_batch, ws, bid, 0, len(tasks))
-                assert state is not None
-                if state["progress"]["pending"] == 0:
-                    by_id = {r["task_id"]: r for r in state["results"]}
-                    return [by_id.get(t["task_id"]) for t in tasks]
-                await trio.sleep(delay)
-                delay = min(delay * 2, 0.5)
+            await self._wait_finished(bid)
+            state = await self.store.read(queue.get_batch, ws, bid, 0, len(tasks))
+            assert state is not None and state["progress"]["pending"] == 0
+            by_id = {r["task_id"]: r for r in state["results"]}
+            return [by_id.get(t["task_id"]) for t in tasks]
 
         return run_batch
+
+    async def _wait_finished(self, batch_id: str) -> None:
+        """Return once the batch has nothing queued or running. With `changes`, woken when the
+        database says the batch changed (PostgreSQL: a worker's NOTIFY as it ends; SQLite: a
+        commit), each time asking with one index probe (queue.batch_finished), and at least every
+        `poll_s` (a NOTIFY two workers' last results can miss); without, probing at a backoff
+        from 20 ms to 0.5 s."""
+        delay = 0.02
+        while True:
+            seen = self.changes.version(batch_id) if self.changes is not None else 0
+            if await self.store.read(queue.batch_finished, batch_id):
+                return
+            if self.changes is not None:
+                await self.changes.wait(batch_id, seen, self.poll_s)
+            else:
+                await trio.sleep(delay)
+                delay = min(delay * 2, 0.5)
 
     async def _execute(self, job: dict[str, Any]) -> None:
         job_id, cfg = job["job_id"], job["config"]
@@ -195,7 +213,7 @@ class GEPAJobs:
         run_dir.mkdir(parents=True, exist_ok=True)
         if job["checkpoint"]:
             (run_dir / STATE_FILE).write_text(job["checkpoint"], encoding="utf-8")
-        reflection = BaseModelConfig.from_dict(cfg["reflection_model"], source="reflection_model").to_endpoint()
+        reflection = self.policy.endpoint(cfg["reflection_model"])
         adapter = ServiceAdapter(await self._batch_runner(job), key_prefix=f"gepa:{job_id}")
 
         async def on_event(event: GEPAEvent) -> None:
@@ -267,44 +285,9 @@ class GEPAJobs:
             jobs.finish_job, job_id, self.owner, status="completed", created_version=version["version"], **common
         )
 
-    # ---- routes ---------------------------------------------------------------------------------
-
-    async def create_route(self, ctx: Any, request: Request, ws: str) -> Response:
-        body = await read_body(request, ctx.limits.max_body_bytes)
-        job = await self.start(ws, request.path_params["agent_id"], body, ctx.limits.max_tasks)
-        return ok(job, 201)
-
     async def start(self, ws: str, agent_id: str, body: dict[str, Any], max_tasks: int) -> dict[str, Any]:
         """Store a job from a request body (the API's JSON, or the UI's form) and wake the runner.
         Raises ApiError naming the field for bad input, 404 for an unknown agent or version."""
-        job = await start_job(self.store, ws, agent_id, body, max_tasks)
+        job = await start_job(self.store, ws, agent_id, body, max_tasks, self.policy)
         self._wake.set()
         return job
-
-    async def get_route(self, ctx: Any, request: Request, ws: str) -> Response:
-        job = await self.store.read(jobs.get_job, ws, request.path_params["job_id"])
-        if job is None:
-            raise not_found("GEPA job")
-        return ok(job)
-
-    async def cancel_route(self, ctx: Any, request: Request, ws: str) -> Response:
-        jid = request.path_params["job_id"]
-        if not await self.store.call(jobs.cancel_job, ws, jid):
-            raise not_found("GEPA job")
-        job = await self.store.read(jobs.get_job, ws, jid)
-        return ok(job)
-
-    async def events_route(self, ctx: Any, request: Request, ws: str) -> Response:
-        jid = request.path_params["job_id"]
-        if await self.store.read(jobs.get_job, ws, jid) is None:
-            raise not_found("GEPA job")
-
-        async def poll() -> dict[str, Any] | None:
-            job = await self.store.read(jobs.get_job, ws, jid)
-            return _times(job) if job is not None else None
-
-        return StreamingResponse(
-            progress_stream(poll, lambda j: j["status"] in _TERMINAL, ctx.limits.sse_poll_s * 2),
-            media_type="text/event-stream",
-            headers={"cache-control": "no-cache"},
-        )

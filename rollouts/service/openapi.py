@@ -45,13 +45,17 @@ SCHEMAS: dict[str, Any] = {
         {
             "model": {**_S, "description": "provider/model, e.g. openai/gpt-4.1-mini"},
             "provider": _S,
-            "api_base": _S,
-            "api_key_env": {**_S, "description": "the environment variable the workers read the key from"},
+            "api_base": {**_S, "description": "an address the credential lists (none: the provider's own API)"},
+            "credential": {
+                **_S,
+                "description": "a credential the operator configured (default: the one named after the provider)",
+            },
             "max_tokens": _I,
             "temperature": _N,
             "max_retries": _I,
             "timeout": _N,
             "transport": {"enum": ["sdk", "http"]},
+            "extra_params": {"type": "object", "description": "sampling parameters the operator's policy allows"},
         },
         ["model"],
     ),
@@ -62,6 +66,11 @@ SCHEMAS: dict[str, Any] = {
             "system_prompt": _S,
             "max_turns": _I,
             "tags": {"type": "array", "items": _S},
+            "parent_version": {
+                **_I,
+                "description": "the version this one derives from (default: the active one); "
+                "fields not given come from it",
+            },
         }
     ),
     "AgentInput": _obj(
@@ -110,7 +119,11 @@ SCHEMAS: dict[str, Any] = {
             "agent_version": {**_I, "description": "default: the active version"},
             "system_prompt": {**_S, "description": "default: the version's"},
             "tasks": {"type": "array", "items": _ref("Task")},
-            "idempotency_key": {**_S, "description": "a second request with the same key returns the first batch"},
+            "idempotency_key": {
+                **_S,
+                "description": "a retry (the same body) with the same key returns the first batch; "
+                "the key with another body is 409",
+            },
             "config": _obj(
                 {
                     "parallelism": {**_I, "default": 5},
@@ -218,6 +231,14 @@ def _op(summary: str, ok: str | None, *, body: str | None = None, code: str = "2
     return op
 
 
+def _conflict(op: dict[str, Any]) -> dict[str, Any]:
+    op["responses"]["409"] = {
+        "description": "the idempotency key was used for a different request",
+        "content": {"application/json": {"schema": _ref("Error")}},
+    }
+    return op
+
+
 def openapi() -> dict[str, Any]:
     """The OpenAPI document."""
     a, v, b, j = ["agent_id"], ["agent_id", "version"], ["batch_id"], ["job_id"]
@@ -229,12 +250,12 @@ def openapi() -> dict[str, Any]:
         "/v1/agents/{agent_id}": {"get": _op("An agent with its active version", "Agent", params=a)},
         "/v1/agents/{agent_id}/versions": {
             "get": _op("An agent's versions", "VersionList", params=a),
-            "post": _op("Add a version (fields not given come from the active one)", "AgentVersion", body="VersionInput", code="201", params=a),
+            "post": _op("Add a version (fields not given come from its parent; unknown fields and `source` are 422)", "AgentVersion", body="VersionInput", code="201", params=a),
         },
         "/v1/agents/{agent_id}/versions/{version}": {"get": _op("One version", "AgentVersion", params=v)},
         "/v1/agents/{agent_id}/versions/{version}/promote": {"post": _op("Make a version the active one", "AgentVersion", params=v)},
         "/v1/agents/{agent_id}/gepa": {"post": _op("Start a GEPA job on the agent", "GEPAJob", body="GEPARequest", code="201", params=a)},
-        "/v1/batches": {"post": _op("Queue a batch of rollouts", "BatchCreated", body="BatchRequest", code="201")},
+        "/v1/batches": {"post": _conflict(_op("Queue a batch of rollouts", "BatchCreated", body="BatchRequest", code="201"))},
         "/v1/batches/{batch_id}": {
             "get": _op("Status, progress and results (paginated: offset, limit)", "Batch", params=b, query=["offset", "limit"]),
             "delete": _op("Cancel what is queued or running", "Batch", params=b),

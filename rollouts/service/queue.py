@@ -19,39 +19,79 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Final, Literal, TypeVar
 
 from rollouts.service._db import Tx
 from rollouts.service.accounts import new_id
 
 __all__ = [
-    "FINISHED",
     "CANCEL_CHANNEL",
+    "FINISHED",
     "NOTIFY_CHANNEL",
+    "OUTCOMES",
+    "PENDING",
     "PROGRESS_CHANNEL",
     "BatchSpec",
     "Claim",
     "ClaimedTask",
+    "FinishedTask",
     "Outcome",
+    "TaskStatus",
+    "batch_finished",
     "batch_spec",
     "batch_status",
     "cancel_batch",
     "claim",
     "claim_tasks",
     "create_batch",
+    "create_local_batch",
+    "enqueue",
     "finish",
     "finish_many",
     "get_batch",
     "heartbeat",
+    "release",
+    "requeue_lost",
+    "status_in",
     "sweep",
+    "take_finished",
 ]
 
 NOTIFY_CHANNEL = "rollouts_tasks"  # new or requeued tasks
 PROGRESS_CHANNEL = "rollouts_progress"  # the batch (the payload) has no task queued or running left
 CANCEL_CHANNEL = "rollouts_cancel"  # a batch was cancelled: workers check their leases now
-FINISHED = ("completed", "failed", "timeout", "cancelled")
 _SWEEP_LOCK = 4242016
+
+TaskStatus = Literal["queued", "running", "completed", "failed", "timeout", "cancelled"]
+"""A task row's status: queued -> running -> one of the finished ones (a lost worker's task
+goes back to queued)."""
+PENDING: Final[tuple[TaskStatus, ...]] = ("queued", "running")  # not finished yet
+FINISHED: Final[tuple[TaskStatus, ...]] = ("completed", "failed", "timeout", "cancelled")
+OUTCOMES: Final[tuple[TaskStatus, ...]] = ("completed", "failed", "timeout")  # what a worker records
+
+
+def status_in(statuses: Sequence[TaskStatus]) -> str:
+    """`IN ('a', 'b')` for SQL over the status column (the statuses are this module's constants)."""
+    assert all(s in _ALL_STATUSES for s in statuses), statuses
+    return "IN (" + ", ".join(f"'{s}'" for s in statuses) + ")"
+
+
+_ALL_STATUSES = frozenset(("queued", "running", *FINISHED))
+_PENDING = status_in(PENDING)
+_OUTCOMES = status_in(OUTCOMES)
+
+_Row = TypeVar("_Row")
+
+
+def columns(cls: type[Any], prefix: str = "") -> str:
+    """The SELECT list reading a row into the frozen dataclass `cls`: its fields, by name, in order."""
+    return ", ".join(f"{prefix}{f.name}" for f in fields(cls))
+
+
+def read_rows(cls: type[_Row], rows: Sequence[Sequence[Any]]) -> list[_Row]:
+    """Rows selected with `columns(cls)` as `cls` instances."""
+    return [cls(*row) for row in rows]
 
 
 @dataclass(frozen=True)
@@ -92,20 +132,22 @@ def create_batch(
     timeout_per_task_ms: int,
     deadline_s: float,
     idempotency_key: str | None = None,
-) -> tuple[dict[str, Any], bool]:
+    request_digest: str | None = None,
+) -> tuple[dict[str, Any] | None, bool]:
     """(the batch summary, created). With an `idempotency_key` already used in the workspace,
-    the existing batch is returned instead (created False)."""
+    the existing batch is returned instead (created False) -- or None when both requests give
+    a `request_digest` and they differ (the key was reused for another request)."""
     now = tx.dialect.now
     if idempotency_key is not None:
-        existing = _batch_with_key(tx, workspace_id, idempotency_key)
+        existing = _batch_with_key(tx, workspace_id, idempotency_key, request_digest)
         if existing is not None:
-            return _summary(tx, existing), False
+            return (_summary(tx, existing) if existing else None), False
     bid = new_id("b")
     # (ON CONFLICT: on PostgreSQL a concurrent request with the same key may have won meanwhile)
     tx.execute(
         f"INSERT INTO batches (id, workspace_id, agent_id, agent_version, system_prompt, config, task_count, "
-        f"parallelism, timeout_per_task_ms, idempotency_key, deadline_at, created_at) "
-        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now} + ?, {now}) "
+        f"parallelism, timeout_per_task_ms, idempotency_key, request_digest, deadline_at, created_at) "
+        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {now} + ?, {now}) "
         "ON CONFLICT (workspace_id, idempotency_key) DO NOTHING",
         (
             bid,
@@ -118,14 +160,15 @@ def create_batch(
             parallelism,
             timeout_per_task_ms,
             idempotency_key,
+            request_digest,
             float(deadline_s),
         ),
     )
     if tx.rowcount == 0:
         assert idempotency_key is not None
-        existing = _batch_with_key(tx, workspace_id, idempotency_key)
+        existing = _batch_with_key(tx, workspace_id, idempotency_key, request_digest)
         assert existing is not None
-        return _summary(tx, existing), False
+        return (_summary(tx, existing) if existing else None), False
     queued_at = tx.one(f"SELECT {now}")
     assert queued_at is not None
     if tx.dialect.is_postgres:
@@ -151,9 +194,17 @@ def create_batch(
     return _summary(tx, bid), True
 
 
-def _batch_with_key(tx: Tx, workspace_id: str, key: str) -> str | None:
-    row = tx.one("SELECT id FROM batches WHERE workspace_id = ? AND idempotency_key = ?", (workspace_id, key))
-    return str(row[0]) if row is not None else None
+def _batch_with_key(tx: Tx, workspace_id: str, key: str, digest: str | None) -> str | None:
+    """The id of the workspace's batch with `key`; "" when its request's digest is not `digest`
+    (both known); None when there is none."""
+    row = tx.one(
+        "SELECT id, request_digest FROM batches WHERE workspace_id = ? AND idempotency_key = ?", (workspace_id, key)
+    )
+    if row is None:
+        return None
+    if digest is not None and row[1] is not None and row[1] != digest:
+        return ""
+    return str(row[0])
 
 
 def _summary(tx: Tx, batch_id: str) -> dict[str, Any]:
@@ -166,13 +217,26 @@ def batch_status(counts: Mapping[str, int], total: int, cancelled: bool) -> str:
     """queued | running | completed | partial | failed | cancelled, from the tasks' statuses."""
     if cancelled:
         return "cancelled"
-    pending = counts.get("queued", 0) + counts.get("running", 0)
+    pending = sum(counts.get(s, 0) for s in PENDING)
     if pending:
         return "queued" if counts.get("queued", 0) == total else "running"
     done = counts.get("completed", 0)
     if done == total:
         return "completed"
     return "partial" if done else "failed"
+
+
+@dataclass(frozen=True)
+class _TaskResult:
+    """A finished task as `get_batch` reports it (the columns, by name)."""
+
+    task_id: str
+    status: TaskStatus
+    result: str | None
+    error: str | None
+    execution_time_ms: int | None
+    attempts: int
+    finished_at: float | None
 
 
 def get_batch(tx: Tx, workspace_id: str, batch_id: str, offset: int = 0, limit: int = 100) -> dict[str, Any] | None:
@@ -190,28 +254,28 @@ def get_batch(tx: Tx, workspace_id: str, batch_id: str, offset: int = 0, limit: 
         str(s): int(n)
         for s, n in tx.execute("SELECT status, COUNT(*) FROM tasks WHERE batch_id = ? GROUP BY status", (batch_id,))
     }
-    pending = counts.get("queued", 0) + counts.get("running", 0)
+    pending = sum(counts.get(s, 0) for s in PENDING)
     status = batch_status(counts, total, row[4] is not None)
     results = []
-    for task_id, tstatus, result, error, ms, attempts, finished in tx.execute(
-        "SELECT task_id, status, result, error, execution_time_ms, attempts, finished_at FROM tasks "
-        "WHERE batch_id = ? AND seq >= ? AND seq < ? ORDER BY seq",
+    page = tx.execute(
+        f"SELECT {columns(_TaskResult)} FROM tasks WHERE batch_id = ? AND seq >= ? AND seq < ? ORDER BY seq",
         (batch_id, offset, offset + limit),
-    ):
-        if tstatus not in FINISHED:
+    )
+    for t in read_rows(_TaskResult, page):
+        if t.status not in FINISHED:
             continue
-        data = json.loads(result) if result else {}
+        data = json.loads(t.result) if t.result else {}
         results.append(
             {
-                "task_id": task_id,
-                "status": tstatus,
+                "task_id": t.task_id,
+                "status": t.status,
                 "trajectory": data.get("trajectory"),
                 "score": data.get("score"),
                 "stop_reason": data.get("stop_reason"),
-                "error": error,
-                "execution_time_ms": ms,
-                "attempts": attempts,
-                "finished_at": finished,
+                "error": t.error,
+                "execution_time_ms": t.execution_time_ms,
+                "attempts": t.attempts,
+                "finished_at": t.finished_at,
             }
         )
     completed_at = None
@@ -249,7 +313,7 @@ def cancel_batch(tx: Tx, workspace_id: str, batch_id: str) -> bool:
     tx.execute(f"UPDATE batches SET cancelled_at = {now} WHERE id = ? AND cancelled_at IS NULL", (batch_id,))
     tx.execute(
         f"UPDATE tasks SET status = 'cancelled', error = 'the batch was cancelled', finished_at = {now}, "
-        f"lease_owner = NULL WHERE batch_id = ? AND status IN ('queued', 'running')",
+        f"lease_owner = NULL WHERE batch_id = ? AND status {_PENDING}",
         (batch_id,),
     )
     if tx.dialect.is_postgres:
@@ -297,10 +361,7 @@ class Claim:
 def batch_finished(tx: Tx, batch_id: str) -> bool:
     """Whether the batch has nothing queued or running (one probe of an index: cheap enough to
     ask whenever the database changes)."""
-    return (
-        tx.one("SELECT 1 FROM tasks WHERE batch_id = ? AND status IN ('queued', 'running') LIMIT 1", (batch_id,))
-        is None
-    )
+    return tx.one(f"SELECT 1 FROM tasks WHERE batch_id = ? AND status {_PENDING} LIMIT 1", (batch_id,)) is None
 
 
 def claim_tasks(tx: Tx, worker_id: str, limit: int, lease_s: float) -> Claim:
@@ -371,11 +432,11 @@ def finish(
 
     The result's reward, tokens, turns and cost are also kept in columns of their own, which
     the web UI sorts and filters by (rollouts.service.catalog)."""
-    assert status in ("completed", "failed", "timeout"), status
+    assert status in OUTCOMES, status
     tx.execute(
         f"UPDATE tasks SET status = ?, result = ?, error = ?, execution_time_ms = ?, finished_at = {tx.dialect.now}, "
         "lease_owner = NULL, lease_expires_at = NULL, reward = ?, tokens = ?, turns = ?, cost_usd = ? "
-        "WHERE batch_id = ? AND task_id = ? AND status IN ('queued', 'running')",
+        f"WHERE batch_id = ? AND task_id = ? AND status {_PENDING}",
         (
             status,
             json.dumps(dict(result)) if result is not None else None,
@@ -413,7 +474,7 @@ def finish_many(tx: Tx, outcomes: Sequence[Outcome]) -> int:
     cols = "batch_id, task_id, status, result, error, execution_time_ms, reward, tokens, turns, cost_usd"
     rows_in: list[tuple[Any, ...]] = []
     for o in outcomes:
-        assert o.status in ("completed", "failed", "timeout"), o.status
+        assert o.status in OUTCOMES, o.status
         result = json.dumps(dict(o.result)) if o.result is not None else None
         rows_in.append(
             (o.batch_id, o.task_id, o.status, result, o.error, int(o.execution_time_ms), *result_figures(o.result))
@@ -438,7 +499,7 @@ def finish_many(tx: Tx, outcomes: Sequence[Outcome]) -> int:
         "UPDATE tasks SET status = v.status, result = v.result, error = v.error, "
         f"execution_time_ms = v.execution_time_ms, finished_at = {d.now}, lease_owner = NULL, lease_expires_at = NULL, "
         "reward = v.reward, tokens = v.tokens, turns = v.turns, cost_usd = v.cost_usd FROM v "
-        "WHERE tasks.batch_id = v.batch_id AND tasks.task_id = v.task_id AND tasks.status IN ('queued', 'running') "
+        f"WHERE tasks.batch_id = v.batch_id AND tasks.task_id = v.task_id AND tasks.status {_PENDING} "
         "RETURNING tasks.task_id",
         params,
     )
@@ -455,7 +516,7 @@ def _notify_if_done(tx: Tx, batch_id: str) -> None:
     streams' poll finds it.)"""
     tx.execute(
         f"SELECT pg_notify('{PROGRESS_CHANNEL}', ?) WHERE NOT EXISTS "
-        "(SELECT 1 FROM tasks WHERE batch_id = ? AND status IN ('queued', 'running'))",
+        f"(SELECT 1 FROM tasks WHERE batch_id = ? AND status {_PENDING})",
         (batch_id, batch_id),
     )
 
@@ -492,12 +553,12 @@ def sweep(tx: Tx, max_attempts: int = 3) -> dict[str, int]:
     tx.execute(
         f"UPDATE tasks SET status = 'timeout', error = 'the batch deadline passed before the task finished', "
         f"finished_at = {now}, lease_owner = NULL, lease_expires_at = NULL "
-        f"WHERE status IN ('queued', 'running') AND batch_id IN "
+        f"WHERE status {_PENDING} AND batch_id IN "
         f"(SELECT id FROM batches WHERE deadline_at <= {now} AND cancelled_at IS NULL)"
     )
     timed_out = tx.rowcount
     tx.execute(
-        f"UPDATE tasks SET status = 'failed', error = 'the worker running it was lost ' || attempts || ' times', "
+        f"UPDATE tasks SET status = 'failed', error = 'the worker running it stopped (crashed or was killed) ' || attempts || ' times: the task may crash its worker', "
         f"finished_at = {now}, lease_owner = NULL, lease_expires_at = NULL "
         f"WHERE status = 'running' AND lease_expires_at < {now} AND attempts >= ?",
         (max_attempts,),
@@ -511,3 +572,86 @@ def sweep(tx: Tx, max_attempts: int = 3) -> dict[str, int]:
     if requeued and tx.dialect.is_postgres:
         tx.execute(f"SELECT pg_notify('{NOTIFY_CHANNEL}', 'requeued')")
     return {"timeout": timed_out, "failed": failed, "requeued": requeued}
+
+
+def release(tx: Tx, worker_id: str, keys: Sequence[tuple[str, str]]) -> None:
+    """Put tasks `worker_id` is running back in the queue, this attempt not counted (the worker
+    is stopping; its tasks did not fail)."""
+    for batch_id, task_id in keys:
+        tx.execute(
+            "UPDATE tasks SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, attempts = attempts - 1 "
+            "WHERE batch_id = ? AND task_id = ? AND lease_owner = ? AND status = 'running'",
+            (batch_id, task_id, worker_id),
+        )
+
+
+def requeue_lost(tx: Tx, worker_id: str, how: str, max_attempts: int) -> None:
+    """Put the tasks of a worker known to be dead (its process exited: `how`) back in the queue
+    at once, without waiting for their leases; a task whose worker died `max_attempts` times fails."""
+    tx.execute(
+        f"UPDATE tasks SET status = 'failed', error = 'the worker process running it died ' || attempts || "
+        f"' times (last: ' || ? || ')', finished_at = {tx.dialect.now}, lease_owner = NULL, lease_expires_at = NULL "
+        "WHERE lease_owner = ? AND status = 'running' AND attempts >= ?",
+        (how, worker_id, max_attempts),
+    )
+    tx.execute(
+        "UPDATE tasks SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL "
+        "WHERE lease_owner = ? AND status = 'running'",
+        (worker_id,),
+    )
+
+
+# ---- local batches: one process's queue (evaluate's worker pool) ------------------------------------
+
+_LOCAL_FAR_S = 10 * 365 * 86400.0  # a local batch has no deadline (each task has its own time limit)
+
+
+def create_local_batch(tx: Tx, batch_id: str, max_turns: int) -> None:
+    """A batch that is not the API's: its own workspace, agent and version (all named
+    `batch_id`), no deadline, no parallelism bound; its tasks are added by `enqueue` as they
+    come and taken out by `take_finished`."""
+    now = tx.dialect.now
+    tx.execute(f"INSERT INTO workspaces (id, name, created_at) VALUES (?, ?, {now})", (batch_id, batch_id))
+    tx.execute(
+        f"INSERT INTO agents (id, workspace_id, name, created_at) VALUES (?, ?, ?, {now})",
+        (batch_id, batch_id, batch_id),
+    )
+    tx.execute(
+        f"INSERT INTO agent_versions (agent_id, version, endpoint, max_turns, created_at) VALUES (?, 1, '{{}}', ?, {now})",
+        (batch_id, max_turns),
+    )
+    tx.execute(
+        "INSERT INTO batches (id, workspace_id, agent_id, agent_version, system_prompt, config, task_count, "
+        f"parallelism, timeout_per_task_ms, deadline_at, created_at) "
+        f"VALUES (?, ?, ?, 1, '', '{{}}', 0, ?, ?, {now} + ?, {now})",
+        (batch_id, batch_id, batch_id, 2**31 - 1, int(_LOCAL_FAR_S * 1000), _LOCAL_FAR_S),
+    )
+
+
+def enqueue(tx: Tx, batch_id: str, tasks: Sequence[tuple[str, int, str]]) -> None:
+    """Add tasks (task_id, seq, input as JSON text) to a local batch."""
+    tx.many(
+        f"INSERT INTO tasks (batch_id, task_id, seq, input, status, queued_at) VALUES (?, ?, ?, ?, 'queued', {tx.dialect.now})",
+        [(batch_id, task_id, seq, input_json) for task_id, seq, input_json in tasks],
+    )
+
+
+@dataclass(frozen=True)
+class FinishedTask:
+    """A task `take_finished` took out of the queue (its columns, by name)."""
+
+    task_id: str
+    status: TaskStatus
+    input: str  # JSON text
+    result: str | None  # JSON text
+    error: str | None
+
+
+def take_finished(tx: Tx, batch_id: str) -> list[FinishedTask]:
+    """The batch's finished tasks, deleted from the queue (so a late duplicate finish of one
+    finds nothing, and each is taken once)."""
+    rows = tx.execute(
+        f"DELETE FROM tasks WHERE batch_id = ? AND status {_OUTCOMES} RETURNING {columns(FinishedTask)}",
+        (batch_id,),
+    )
+    return read_rows(FinishedTask, rows)

@@ -144,6 +144,11 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX IF NOT EXISTS tasks_batch_status_seq ON tasks(batch_id, status, seq)",
         "DROP INDEX IF EXISTS tasks_batch_status",
     ],
+    # 6: the digest of the request that made a batch with an idempotency key: a retry (the same
+    # body) gets the batch, the key reused for another request a 409
+    [
+        "ALTER TABLE batches ADD COLUMN request_digest TEXT",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,7 +1,14 @@
 """The worker: claims tasks from the database and runs them, `concurrency` at a time.
 
     store = await Store.open(url)
-    await Worker(store, concurrency=32).run()
+    await Worker(store, concurrency=32).run()                   # the API's batches
+    await Worker(store, run_task=my_runner, on_recorded=tell).run()   # any tasks of the queue
+
+`run_task(task, deadline)` runs one claimed task and returns its `TaskOutcome` (`deadline`: the
+batch deadline on trio's clock); the default, `BatchTasks`, runs the API's batches. The Worker
+owns everything else: claiming, leases, recording, stopping. `on_recorded(n)` is called after
+each transaction that recorded `n` outcomes; `wake()` says new tasks were queued (a process
+that knows, where the database cannot notify).
 
 Any number of workers, on any machines that reach the database, share one queue. A worker
 * claims up to its free slots at once (one transaction), under a lease of `lease_s`;
@@ -27,41 +34,29 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
-from rollouts.errors import RolloutsError
 from rollouts.providers import client_scope
 from rollouts.service import queue
 from rollouts.service.accounts import new_id
-from rollouts.service.execution import (
-    TaskOutcome,
-    TaskSetting,
-    endpoint_from_spec,
-    resolve_environment,
-    resolve_score,
-    run_task,
-    task_setting,
-    warm_up,
-)
-from rollouts.service.queue import BatchSpec, ClaimedTask
+from rollouts.service.batch_tasks import BatchTasks
+from rollouts.service.execution import TaskOutcome, warm_up
+from rollouts.service.queue import ClaimedTask
 from rollouts.service.store import Store
 
-__all__ = ["Worker"]
+__all__ = ["OnRecorded", "TaskRunner", "Worker"]
 
 _log = logging.getLogger("rollouts.service.worker")
 
-
-def _release(tx: Any, worker_id: str, keys: list[tuple[str, str]]) -> None:
-    """Put tasks this worker was running back in the queue (it is stopping)."""
-    for batch_id, task_id in keys:
-        tx.execute(
-            "UPDATE tasks SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL, attempts = attempts - 1 "
-            "WHERE batch_id = ? AND task_id = ? AND lease_owner = ? AND status = 'running'",
-            (batch_id, task_id, worker_id),
-        )
+TaskRunner = Callable[[ClaimedTask, float], Awaitable[TaskOutcome]]
+"""Runs one claimed task: `(task, deadline)` -> its outcome (`deadline`: the batch deadline on
+trio's clock). Never raises for a problem of the task; cancellation means the task is not this
+worker's any more (or the worker is stopping)."""
+OnRecorded = Callable[[int], None]
+"""Called after each transaction that recorded outcomes, with their number."""
 
 
 def _finish_all(tx: Any, batch: list[tuple[ClaimedTask, TaskOutcome]]) -> int:
@@ -79,6 +74,8 @@ class Worker:
         self,
         store: Store,
         *,
+        run_task: TaskRunner | None = None,
+        on_recorded: OnRecorded | None = None,
         concurrency: int = 16,
         worker_id: str | None = None,
         lease_s: float = 30.0,
@@ -93,6 +90,8 @@ class Worker:
         if lease_s <= 0:
             raise ValueError(f"lease_s must be > 0, got {lease_s}")
         self.store = store
+        self.run_task: TaskRunner = run_task if run_task is not None else BatchTasks(store)
+        self.on_recorded = on_recorded
         self.concurrency = concurrency
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{new_id('w')}"
         self.lease_s = lease_s
@@ -109,9 +108,6 @@ class Worker:
         self._unsettled: list[tuple[str, str]] = []
         self._idle = trio.Event()
         self._idle.set()
-        self._specs: dict[str, BatchSpec] = {}
-        self._spec_reads: dict[str, trio.Event] = {}  # batches whose spec is being read
-        self._settings: dict[str, TaskSetting] = {}  # per batch: made at its first task
         self._wake = trio.Event()
         self._drained = False
         self._capped = False  # the last claim left tasks queued for their batch's parallelism
@@ -139,7 +135,7 @@ class Worker:
                 finally:
                     keys = list(self._running) + self._unsettled + [(t.batch_id, t.task_id) for t, _ in self._outcomes]
                     if keys:
-                        await self.store.call(_release, self.worker_id, keys)
+                        await self.store.call(queue.release, self.worker_id, keys)
 
     @property
     def running(self) -> int:
@@ -151,8 +147,8 @@ class Worker:
         while self._running or self._outcomes:
             await self._idle.wait()
 
-    def _work_arrived(self) -> None:
-        """New or requeued tasks (a NOTIFY, a sweep): claim at once."""
+    def wake(self) -> None:
+        """New or requeued tasks (a NOTIFY, a sweep, or a process that queued them): claim at once."""
         self._drained = False
         self._wake.set()
 
@@ -246,12 +242,10 @@ class Worker:
             self.completed += await self.store.call(_finish_all, batch)  # (raises: still in _outcomes)
             del self._outcomes[: len(batch)]
             self._slot_freed()  # (a batch at its parallelism has free slots now)
-            await self._recorded(len(batch))
+            if self.on_recorded is not None:
+                self.on_recorded(len(batch))
         if not self._running:
             self._idle.set()
-
-    async def _recorded(self, count: int) -> None:
-        """Called after each transaction that wrote `count` outcomes (a hook for subclasses)."""
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -272,7 +266,7 @@ class Worker:
         while True:
             changed = await self.store.call(queue.sweep, self.max_attempts)
             if changed.get("requeued"):
-                self._work_arrived()
+                self.wake()
             await trio.sleep(max(self.lease_s / 2, 0.05))
 
     async def _listen(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -284,40 +278,18 @@ class Worker:
             if channel == queue.CANCEL_CHANNEL:
                 self._beat_now.set()
             else:
-                self._work_arrived()
+                self.wake()
 
         await self.store.listen((queue.NOTIFY_CHANNEL, queue.CANCEL_CHANNEL), react, task_status=task_status)
 
     # ---- one task -------------------------------------------------------------------------------
-
-    async def _spec(self, batch_id: str) -> BatchSpec:
-        """The batch's spec, read once per batch: the tasks of a claim start together, and all
-        but the first wait for its read (each reading it too cost a query per task)."""
-        spec = self._specs.get(batch_id)
-        while spec is None:
-            reading = self._spec_reads.get(batch_id)
-            if reading is not None:
-                await reading.wait()  # (if that read failed, this task reads it itself)
-                spec = self._specs.get(batch_id)
-                continue
-            reading = self._spec_reads[batch_id] = trio.Event()
-            try:
-                found = await self.store.read(queue.batch_spec, batch_id)
-                assert found is not None, f"claimed a task of batch {batch_id}, which does not exist"
-                spec = self._specs[batch_id] = found
-                if len(self._specs) > 1024:
-                    self._specs.pop(next(iter(self._specs)))
-            finally:
-                del self._spec_reads[batch_id]
-                reading.set()
-        return spec
 
     async def _run_one(self, task: ClaimedTask, scope: trio.CancelScope, claimed_at: float) -> None:
         key = (task.batch_id, task.task_id)
         settled = False  # handed to the record loop, or given up because it is not ours any more
         try:
             with scope:
-                outcome = await self._execute(task, claimed_at)
+                outcome = await self.run_task(task, claimed_at + task.deadline_in_s)
             settled = True
             if not scope.cancelled_caught:  # (cancelled: not ours any more, whoever has it records it)
                 self._outcome(task, outcome)
@@ -328,30 +300,3 @@ class Worker:
             if not self._running and not self._outcomes:
                 self._idle.set()
             self._slot_freed()
-
-    async def _execute(self, task: ClaimedTask, claimed_at: float) -> TaskOutcome:
-        started = time.perf_counter()
-        spec = await self._spec(task.batch_id)
-        per_task = spec.timeout_per_task_ms / 1000
-        to_deadline = task.deadline_in_s - (trio.current_time() - claimed_at)
-        limit, reason = (
-            (per_task, "timeout_per_task_ms") if per_task <= to_deadline else (to_deadline, "batch deadline")
-        )
-        setting = self._settings.get(task.batch_id)
-        if setting is None:
-            try:
-                setting = task_setting(
-                    endpoint=endpoint_from_spec(spec.endpoint, spec.config.get("model")),
-                    system_prompt=spec.system_prompt,
-                    max_turns=spec.max_turns,
-                    time_limit_s=per_task,
-                    score_fn=resolve_score(spec.config.get("score")),
-                    environment_factory=resolve_environment(spec.environment),
-                )
-            except (RolloutsError, ValueError, TypeError) as e:
-                ms = int((time.perf_counter() - started) * 1000)
-                return TaskOutcome("failed", None, f"cannot run the agent on this worker: {e}", ms)
-            self._settings[task.batch_id] = setting
-            if len(self._settings) > 64:
-                self._settings.pop(next(iter(self._settings)))
-        return await run_task(task.input, task.task_id, setting, time_limit_s=limit, timeout_reason=reason)

@@ -14,6 +14,8 @@ Crash safety:
   `flock` on the file, so writers in several processes (or threads) never interleave;
 * before writing, an incomplete last line (left by a writer killed mid-write) is cut off, so the
   new line never glues onto it; readers ignore such a line and report it;
+* a write that fails (disk full, a file size limit) is cut back to where it started, so an
+  append is all or none and the same append can be retried;
 * `session.json` is replaced atomically: temp file, fsync, rename, fsync of the directory.
 
 Every record is written with known secret values masked (`rollouts.redaction.redact_json`).
@@ -21,6 +23,7 @@ Every record is written with known secret values masked (`rollouts.redaction.red
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollouts._unicode import json_text_utf8
 from rollouts.dtypes import Message
 from rollouts.redaction import redact_json
 from rollouts.store._codec import dumps, message_from_dict, message_to_dict, paused_gc
@@ -52,13 +56,13 @@ def encode_message(message: Message, environment_state: Mapping[str, Any] | None
     assert ENV_KEY not in d, "Message.to_dict must not use the log's reserved key"
     if environment_state is not None:
         d[ENV_KEY] = environment_state
-    line = redact_json(dumps(d)).encode("utf-8")  # known secret values masked
+    line = json_text_utf8(redact_json(dumps(d)))  # known secret values masked, any text kept
     assert line.startswith(MESSAGE_PREFIX), "Message.to_dict must start with 'role'"
     return line + b"\n"
 
 
 def encode_snapshot(environment_state: Mapping[str, Any]) -> bytes:
-    line = redact_json(dumps({ENV_KEY: environment_state})).encode("utf-8")
+    line = json_text_utf8(redact_json(dumps({ENV_KEY: environment_state})))
     assert line.startswith(SNAPSHOT_PREFIX)
     return line + b"\n"
 
@@ -73,6 +77,20 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+def _append_or_undo(fd: int, size: int, data: bytes, fsync: bool) -> None:
+    """Write `data` at the end of the file (`size` bytes, the lock held) and fsync if asked;
+    if any of it fails (disk full, a file size limit), the file is cut back to `size`, so a
+    failed append leaves nothing behind (the caller may retry the same append)."""
+    try:
+        _write_all(fd, data)
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        raise
 
 
 def _cut_torn_tail(fd: int, path: Path, size: int) -> int:
@@ -173,9 +191,7 @@ def append(
                 if count != expected:
                     raise LogConflict(count)
             try:
-                _write_all(fd, data)
-                if fsync:
-                    os.fsync(fd)
+                _append_or_undo(fd, size, data, fsync)
             except OSError as e:
                 raise SessionError(f"cannot append to {path}: {e.strerror or e}") from e
         finally:
@@ -207,7 +223,7 @@ def fsync_dir(path: Path) -> None:
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Replace `path` with `data` atomically: a reader sees the old or the new file, never a mix."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    payload = redact_json(json.dumps(data, ensure_ascii=False, indent=2)).encode("utf-8") + b"\n"
+    payload = json_text_utf8(redact_json(json.dumps(data, ensure_ascii=False, indent=2))) + b"\n"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
     try:
         try:
@@ -258,9 +274,8 @@ class LogLock:
     def append(self, data: bytes) -> None:
         """Append whole lines and fsync them (the lock is held)."""
         assert self.fd >= 0 and data.endswith(b"\n")
-        _cut_torn_tail(self.fd, self.path, os.fstat(self.fd).st_size)
-        _write_all(self.fd, data)
-        os.fsync(self.fd)
+        size = _cut_torn_tail(self.fd, self.path, os.fstat(self.fd).st_size)
+        _append_or_undo(self.fd, size, data, fsync=True)
 
     def release(self) -> None:
         fd, self.fd = self.fd, -1

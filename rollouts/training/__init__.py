@@ -5,9 +5,11 @@
     result = await grpo_train(config, prompts, score_fn, backend=backend, inference=policy)
 
 Install with `pip install torch==2.13.0 'rollouts[train]'` (the CPU build of torch first).
-Modules: `sample` (TrainingSample, advantages), `grpo` (the loop, checkpoints, resume),
+Modules: `config` (GRPOConfig, the learning-rate schedule), `sample` (TrainingSample,
+advantages), `grpo` (the loop), `checkpoints` (checkpoints and what a resume must share),
 `backends` (the TrainingBackend / InferenceBackend protocols, in-process and served policies),
-`torch_backend` (TorchBackend), `weights` (packaged model files), `tiny` (a tiny test model).
+`torch_backend` (TorchBackend), `tiny` (a tiny test model). Packaged model files live in
+`rollouts.local_model.packaged`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 
 from rollouts.providers.transformers_local import load_causal_lm
 from rollouts.training.backends import InferenceBackend, InProcessPolicy, ServedPolicy, TrainingBackend
-from rollouts.training.grpo import GRPOConfig, GRPOResult, StepResult, grpo_train, prompts_for_step
+from rollouts.training.config import GRPOConfig, learning_rate
+from rollouts.training.grpo import GRPOResult, StepResult, TrainingError, grpo_train, prompts_for_step
 from rollouts.training.sample import TrainingSample, group_advantages, token_view, with_group_advantages
 from rollouts.training.torch_backend import TorchBackend, sequence_logprobs
 
@@ -36,11 +39,11 @@ def local_policy(
             p.requires_grad_(False)
     backend = TorchBackend(
         model,
-        lr=config.lr,
         max_grad_norm=config.max_grad_norm,
         num_minibatches=config.num_minibatches,
         clip_eps=config.clip_eps,
         kl_coef=config.kl_coef,
+        loss_normalization=config.loss_normalization,
         reference_model=reference,
         temperature=config.temperature,
         weights_lock=policy.weights_lock,
@@ -58,9 +61,11 @@ __all__ = [
     "StepResult",
     "TorchBackend",
     "TrainingBackend",
+    "TrainingError",
     "TrainingSample",
     "grpo_train",
     "group_advantages",
+    "learning_rate",
     "load_causal_lm",
     "local_policy",
     "prompts_for_step",

@@ -6,22 +6,28 @@ Endpoint rollouts are generated with and brings it up to date after every traini
 
 * `InProcessPolicy`: the trainer's own torch module, served by the `transformers` provider in
   this process; the weights are shared, so every step is seen by the next token sampled.
-* `ServedPolicy`: an OpenAI-compatible server (SGLang, vLLM, ...). After a step the trainer
-  writes the weights to a directory and the server is asked to reload them from that path
-  (SGLang: `POST /update_weights_from_disk {"model_path": ...}`, the default; for vLLM, point
-  `reload_route` at the reload endpoint your deployment exposes). Rollouts go through the
-  token-exact provider named by `provider` (e.g. `llamacpp`).
+* `ServedPolicy`: a vLLM server (provider `vllm`, the token-exact path over `/v1/completions`)
+  behind a route that reloads weights from a path. After a step the trainer writes the weights
+  to `weights_dir/step_NNNNNN` (`save_pretrained`), POSTs `{"model_path": ...}` to
+  `reload_route`, and once the server has loaded them deletes the previous copy: at most the
+  last one is kept. vLLM has no such route of its own; deployments add one (a worker extension
+  calling the model runner's weight reload). A pair that cannot work is refused when the
+  ServedPolicy is built: a llama.cpp server cannot reload weights while it runs, and SGLang
+  (whose `/update_weights_from_disk` can) has no token-exact provider here yet.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import httpx2
+import trio
 
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ConfigurationError, ProviderError
@@ -55,6 +61,11 @@ class TrainingBackend(Protocol):
 
     async def save_weights(self, directory: Path) -> None:
         """Write the weights in a form an inference server loads (`save_pretrained`)."""
+        ...
+
+    def model_identity(self) -> Mapping[str, str]:
+        """Short hashes of the model as it is now: `architecture` (parameter names and shapes)
+        and `weights`. `grpo_train` takes them before training, to resume only the same run."""
         ...
 
 
@@ -100,17 +111,52 @@ class InProcessPolicy:
         assert getattr(trainer, "model", self.model) is self.model, "InProcessPolicy must serve the trainer's model"
 
 
-@dataclass
-class ServedPolicy:
-    """A policy served by an OpenAI-compatible server that reloads weights from a path."""
+_CANNOT_RELOAD = {
+    "llamacpp": "a llama.cpp server cannot reload weights while it runs",
+    "local": "the embedded llama.cpp model cannot reload weights while it runs",
+    "transformers": "the transformers provider runs in this process: use local_policy() / InProcessPolicy",
+}
+_STEP_DIR = re.compile(r"step_\d{6}")
 
-    api_base: str  # e.g. http://127.0.0.1:30000/v1
+
+@dataclass(frozen=True)
+class ServedPolicy:
+    """A policy served by vLLM behind a route that reloads weights from a path (see the module
+    docstring). Refused at construction (ConfigurationError) when the server cannot reload
+    weights or the provider cannot give token ids."""
+
+    api_base: str  # e.g. http://127.0.0.1:8000/v1
     model: str
     weights_dir: Path
-    provider: str = "llamacpp"
-    reload_route: str = "/update_weights_from_disk"
+    reload_route: str  # e.g. /reload_weights: POST {"model_path": ...} loads the weights there
+    provider: str = "vllm"
     reload_body: Mapping[str, Any] = field(default_factory=dict)
     timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        from rollouts.providers.tito import get_token_provider_function
+
+        hint = (
+            "serve the policy with vLLM behind a route that reloads weights from a path "
+            "(ServedPolicy(..., provider='vllm', reload_route=...)), or train in process with local_policy()"
+        )
+        if self.provider in _CANNOT_RELOAD:
+            reason = _CANNOT_RELOAD[self.provider]
+            raise ConfigurationError(
+                f"ServedPolicy: {reason}, so rollouts would keep sampling the starting weights; {hint}"
+            )
+        try:
+            get_token_provider_function(self.provider)
+        except ConfigurationError as e:
+            raise ConfigurationError(
+                f"ServedPolicy: provider {self.provider!r} cannot give the token ids and log-probs training "
+                f"needs ({e}); {hint}"
+            ) from None
+        if not self.reload_route.startswith("/"):
+            raise ConfigurationError(
+                f"ServedPolicy.reload_route must be a path on the server such as /reload_weights, got "
+                f"{self.reload_route!r}"
+            )
 
     def endpoint(self, *, max_tokens: int, temperature: float) -> Endpoint:
         return Endpoint(
@@ -127,6 +173,16 @@ class ServedPolicy:
     async def sync(self, trainer: TrainingBackend, step: int) -> None:
         directory = Path(self.weights_dir) / f"step_{step:06d}"
         await trainer.save_weights(directory)
+        await self._reload(directory)
+        await trio.to_thread.run_sync(self._remove_other_copies, directory)
+
+    def _remove_other_copies(self, keep: Path) -> None:
+        """Delete the copies written for earlier steps (this run's or a killed run's)."""
+        for p in Path(self.weights_dir).iterdir():
+            if p != keep and p.is_dir() and _STEP_DIR.fullmatch(p.name) and (p / "config.json").is_file():
+                shutil.rmtree(p, ignore_errors=True)
+
+    async def _reload(self, directory: Path) -> None:
         body = {"model_path": str(directory), **self.reload_body}
         async with httpx2.AsyncClient(timeout=self.timeout_s) as client:
             try:

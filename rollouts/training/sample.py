@@ -106,31 +106,50 @@ def token_view(trajectory: Trajectory) -> tuple[tuple[int, ...], tuple[int, ...]
     return tuple(tokens), tuple(mask), tuple(logprobs)
 
 
-def group_advantages(rewards: Sequence[float], *, normalize_std: bool = True, eps: float = 1e-6) -> list[float]:
-    """GRPO advantages of one group: reward minus the group mean, divided by the group's standard
-    deviation (population) when `normalize_std`. A group whose rewards are all equal gets zeros."""
+STD_EPS = 1e-4  # trl's: advantages are (r - mean) / (std + 1e-4)
+
+
+def _std(values: Sequence[float]) -> float:
+    """The unbiased (Bessel-corrected) standard deviation, as torch.std and trl compute it; 0.0
+    for fewer than two values."""
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def group_advantages(rewards: Sequence[float], *, scale: bool = True, std: float | None = None) -> list[float]:
+    """GRPO advantages of one group: reward minus the group mean, divided by `std + 1e-4` when
+    `scale` (`std` defaults to the group's unbiased standard deviation). A group whose rewards are
+    all equal gets zeros."""
     if not rewards:
         return []
     mean = sum(rewards) / len(rewards)
     centred = [r - mean for r in rewards]
-    if not normalize_std:
+    if not scale:
         return centred
-    std = math.sqrt(sum(c * c for c in centred) / len(rewards))
-    if std < eps:
-        return [0.0] * len(rewards)
-    return [c / (std + eps) for c in centred]
+    divisor = (_std(rewards) if std is None else std) + STD_EPS
+    return [c / divisor for c in centred]
 
 
-def with_group_advantages(samples: Sequence[TrainingSample], *, normalize_std: bool = True) -> list[TrainingSample]:
-    """`samples` with `advantage` set per group (`group_index`). Samples without tokens (failed
-    rollouts) are left out of their group's statistics and get advantage 0."""
+def with_group_advantages(samples: Sequence[TrainingSample], *, scale_rewards: str = "group") -> list[TrainingSample]:
+    """`samples` with `advantage` set per group (`group_index`): reward minus the group's mean,
+    divided by the group's ("group") or all trainable samples' ("batch") unbiased standard
+    deviation + 1e-4, or not divided ("none"). Samples without tokens (failed rollouts) are left
+    out of the statistics and get advantage 0."""
+    if scale_rewards not in ("group", "batch", "none"):
+        raise ValueError(f"scale_rewards must be group, batch or none, got {scale_rewards!r}")
     groups: dict[int, list[int]] = {}
     for i, s in enumerate(samples):
         if s.tokens:
             groups.setdefault(s.group_index, []).append(i)
+    batch_std = _std([samples[i].reward for members in groups.values() for i in members])
     out = [replace(s, advantage=0.0) for s in samples]
     for members in groups.values():
-        advs = group_advantages([samples[i].reward for i in members], normalize_std=normalize_std)
+        rewards = [samples[i].reward for i in members]
+        advs = group_advantages(
+            rewards, scale=scale_rewards != "none", std=batch_std if scale_rewards == "batch" else None
+        )
         for i, a in zip(members, advs, strict=True):
             out[i] = replace(out[i], advantage=a)
     return out

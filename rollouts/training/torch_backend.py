@@ -1,15 +1,21 @@
 """TorchBackend: the clipped policy-gradient step in plain torch (CPU or one GPU).
 
-`train_step(batch, lr)`:
-* samples with nothing to learn from (no tokens, or advantage 0 when there is no KL term) are
-  skipped;
-* the rest are split into `num_minibatches` minibatches; each is run as one right-padded batch,
-  and its gradients accumulate (weighted so the step equals one over the whole batch);
+`train_step(batch, lr)` (docs/training.md writes the formulas out):
+* the samples with sampled tokens are the step's; the others (failed rollouts) are not trained on;
 * per sampled token: ratio = exp(logp - logp_rollout), loss = -min(ratio * A, clip(ratio, 1 - eps,
   1 + eps) * A), plus `kl_coef` times the k3 estimate of KL(policy || reference) when a reference
-  model is given; a sample's loss is the mean over its sampled tokens, the batch's the mean over
-  samples;
-* gradients are clipped to `max_grad_norm`, then one optimizer step (AdamW by default).
+  model is given;
+* `loss_normalization="per_token"` (trl's "dapo", the default) divides the sum over every sampled
+  token of the step by their number; "per_sequence" (the original GRPO) takes each completion's
+  mean over its tokens, then the mean over completions. Samples with advantage 0 count in both
+  denominators, as in trl; without a KL term their loss and gradient are exactly 0, so their
+  forward pass is skipped;
+* the computed samples are split into `num_minibatches` minibatches, each run as one right-padded
+  batch; the gradients accumulate into exactly the step over the whole batch;
+* gradients are clipped to `max_grad_norm`, then one AdamW step at the `lr` given (the schedule
+  lives in `GRPOConfig`; the backend holds no learning rate of its own).
+`clip_fraction` is trl's: the share of sampled tokens where clipping binds — ratio > 1 + eps with
+a positive advantage, or ratio < 1 - eps with a negative one.
 
 It runs in a worker thread, holding `weights_lock` (the generation engine's, when the model is
 also served in process) so no token is sampled from half-updated weights.
@@ -17,6 +23,7 @@ also served in process) so no token is sampled from half-updated weights.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import threading
@@ -26,6 +33,7 @@ from typing import Any
 
 import trio
 
+from rollouts.errors import ConfigurationError
 from rollouts.training.sample import TrainingSample
 
 
@@ -49,6 +57,13 @@ def sequence_logprobs(model: Any, tokens: Sequence[int], *, temperature: float =
     return [0.0, *lp.cpu().tolist()]
 
 
+def binding_clips(ratio: Any, advantage: Any, clip_eps: float) -> Any:
+    """Where the clipped objective binds (trl's clip_ratio/region): the ratio above 1 + eps with a
+    positive advantage, or below 1 - eps with a negative one. Elsewhere a ratio outside the band
+    is not clipped: the unclipped term is the smaller one and its gradient flows."""
+    return ((ratio > 1 + clip_eps) & (advantage > 0)) | ((ratio < 1 - clip_eps) & (advantage < 0))
+
+
 class TorchBackend:
     """A `TrainingBackend` over a torch causal LM (see the module docstring)."""
 
@@ -56,11 +71,11 @@ class TorchBackend:
         self,
         model: Any,
         *,
-        lr: float = 1e-6,
         max_grad_norm: float = 1.0,
         num_minibatches: int = 1,
         clip_eps: float = 0.2,
         kl_coef: float = 0.0,
+        loss_normalization: str = "per_token",
         reference_model: Any = None,
         temperature: float = 1.0,
         weight_decay: float = 0.0,
@@ -71,8 +86,12 @@ class TorchBackend:
             raise ValueError(f"TorchBackend: num_minibatches must be >= 1, got {num_minibatches}")
         if kl_coef > 0 and reference_model is None:
             raise ValueError("TorchBackend: kl_coef > 0 needs a reference_model (a frozen copy of the start)")
+        if loss_normalization not in ("per_token", "per_sequence"):
+            raise ValueError(
+                f"TorchBackend: loss_normalization must be per_token or per_sequence, got {loss_normalization!r}"
+            )
         self.model = model
-        self.lr = lr
+        self.loss_normalization = loss_normalization
         self.max_grad_norm = max_grad_norm
         self.num_minibatches = num_minibatches
         self.clip_eps = clip_eps
@@ -90,8 +109,9 @@ class TorchBackend:
     async def initialize(self) -> None:
         torch = _torch()
         if self.optimizer is None:
+            # lr is set by every train_step (the schedule is GRPOConfig's)
             self.optimizer = torch.optim.AdamW(
-                [p for p in self.model.parameters() if p.requires_grad], lr=self.lr, weight_decay=self.weight_decay
+                [p for p in self.model.parameters() if p.requires_grad], lr=0.0, weight_decay=self.weight_decay
             )
         self.model.eval()  # no dropout: the policy trained is the policy sampled
 
@@ -115,10 +135,21 @@ class TorchBackend:
 
         await trio.to_thread.run_sync(save)
 
+    def model_identity(self) -> dict[str, str]:
+        torch = _torch()
+        architecture = hashlib.sha256(str(getattr(getattr(self.model, "config", None), "model_type", "")).encode())
+        weights = hashlib.sha256()
+        with self.weights_lock:
+            for name, tensor in self.model.state_dict().items():
+                architecture.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+                weights.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        return {"architecture": architecture.hexdigest()[:16], "weights": weights.hexdigest()[:16]}
+
     # -- work ------------------------------------------------------------------------------
 
-    def _minibatch_terms(self, samples: list[TrainingSample]) -> tuple[Any, dict[str, float]]:
-        """The summed loss of `samples` (one padded forward pass) and its statistics."""
+    def _minibatch_terms(self, samples: list[TrainingSample], weights: list[float]) -> tuple[Any, dict[str, float]]:
+        """The weighted loss of `samples` (one padded forward pass; sample i's tokens are weighted
+        `weights[i]`) and its sums (KL, entropy, binding clips over the sampled tokens)."""
         torch = _torch()
         width = max(len(s.tokens) for s in samples)
         n = len(samples)
@@ -127,13 +158,14 @@ class TorchBackend:
         mask = torch.zeros((n, width), dtype=torch.float32)
         old = torch.zeros((n, width), dtype=torch.float32)
         adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+        weight = torch.tensor(weights, dtype=torch.float32)
         for i, s in enumerate(samples):
             k = len(s.tokens)
             ids[i, :k] = torch.tensor(s.tokens, dtype=torch.long)
             attn[i, :k] = 1
             mask[i, :k] = torch.tensor(s.loss_mask, dtype=torch.float32)
             old[i, :k] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-        ids, attn, mask, old, adv = (t.to(self.device) for t in (ids, attn, mask, old, adv))
+        ids, attn, mask, old, adv, weight = (t.to(self.device) for t in (ids, attn, mask, old, adv, weight))
         # Only the sampled positions need the output layer (a 49k-word vocabulary makes it the
         # largest matmul of a small model): row r, position p predicts token p + 1.
         rows, cols = torch.nonzero(mask[:, 1:] > 0, as_tuple=True)
@@ -152,15 +184,13 @@ class TorchBackend:
             delta = ref_lp - logp
             kl = torch.exp(delta) - delta - 1
             per_token = per_token + self.kl_coef * kl
-        counts = torch.bincount(rows, minlength=n).clamp(min=1).float()
-        weights = 1.0 / counts[rows]  # each sample's loss is the mean over its sampled tokens
-        total = (per_token * weights).sum()
+        total = (per_token * weight[rows]).sum()
         with torch.no_grad():
             entropy = -(logp_all.exp() * logp_all).sum(-1)
             stats = {
-                "kl": float((kl * weights).sum()),
-                "entropy": float((entropy * weights).sum()),
-                "clipped": float(((ratio - 1).abs() > self.clip_eps).float().sum()),
+                "kl": float(kl.sum()),
+                "entropy": float(entropy.sum()),
+                "clipped": float(binding_clips(ratio, a, self.clip_eps).sum()),
                 "ratio_max": float(ratio.max()),
             }
         return total, stats
@@ -174,34 +204,48 @@ class TorchBackend:
             logits = logits / self.temperature
         return torch.log_softmax(logits, dim=-1)
 
+    def _loss_weights(self, usable: list[TrainingSample]) -> dict[str, float]:
+        """Each sample's per-token weight in the step's loss (see the module docstring)."""
+        if self.loss_normalization == "per_token":
+            total = sum(s.num_model_tokens for s in usable)
+            return {s.id: 1.0 / total for s in usable}
+        return {s.id: 1.0 / (s.num_model_tokens * len(usable)) for s in usable}
+
     def _train_step(self, batch: list[TrainingSample], lr: float) -> dict[str, float]:
         torch = _torch()
-        usable = [s for s in batch if s.tokens and s.num_model_tokens > 0 and (s.advantage != 0.0 or self.kl_coef > 0)]
-        tokens = sum(s.num_model_tokens for s in batch if s.tokens)
-        metrics = {"loss": 0.0, "kl": 0.0, "train_entropy": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0}
-        metrics.update(trained_samples=float(len(usable)), model_tokens=float(tokens))
-        if not usable:
+        usable = [s for s in batch if s.tokens and s.num_model_tokens > 0]
+        computed = [s for s in usable if s.advantage != 0.0 or self.kl_coef > 0]
+        total_tokens = sum(s.num_model_tokens for s in usable)
+        metrics = {"loss": 0.0, "kl": 0.0, "train_entropy": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "lr": lr}
+        metrics["trained_samples"] = float(len(usable))
+        metrics["nonzero_advantage_samples"] = float(len(computed))
+        metrics["model_tokens"] = float(total_tokens)
+        if not computed:
             return metrics
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        size = math.ceil(len(usable) / self.num_minibatches)
-        total_tokens = sum(s.num_model_tokens for s in usable)
-        clipped = 0.0
+        weights = self._loss_weights(usable)
+        size = math.ceil(len(computed) / self.num_minibatches)
+        computed_tokens = sum(s.num_model_tokens for s in computed)
+        clipped = kl = entropy = 0.0
         with self.weights_lock:
             self.optimizer.zero_grad(set_to_none=True)
-            for start in range(0, len(usable), size):
-                loss_sum, stats = self._minibatch_terms(usable[start : start + size])
-                (loss_sum / len(usable)).backward()
-                metrics["loss"] += float(loss_sum.detach()) / len(usable)
-                metrics["kl"] += stats["kl"] / len(usable)
-                metrics["train_entropy"] += stats["entropy"] / len(usable)
+            for start in range(0, len(computed), size):
+                part = computed[start : start + size]
+                loss, stats = self._minibatch_terms(part, [weights[s.id] for s in part])
+                loss.backward()
+                metrics["loss"] += float(loss.detach())
+                kl += stats["kl"]
+                entropy += stats["entropy"]
                 clipped += stats["clipped"]
             params = [p for p in self.model.parameters() if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
             metrics["grad_norm"] = float(norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        metrics["clip_fraction"] = clipped / max(total_tokens, 1)
+        metrics["kl"] = kl / computed_tokens
+        metrics["train_entropy"] = entropy / computed_tokens
+        metrics["clip_fraction"] = clipped / total_tokens
         return metrics
 
     def _save_checkpoint(self, directory: Path) -> None:
@@ -220,7 +264,14 @@ class TorchBackend:
         torch = _torch()
         state = torch.load(directory / "trainer.pt", map_location=self.device, weights_only=False)
         with self.weights_lock:
-            self.model.load_state_dict(state["model"])
+            try:
+                self.model.load_state_dict(state["model"])
+            except RuntimeError as e:  # another architecture (a checkpoint of an older format, unchecked)
+                first = str(e).strip().splitlines()[0]
+                raise ConfigurationError(
+                    f"checkpoint {directory} holds weights of another model architecture ({first}); resume with "
+                    "the model the run started from, or use a new output directory"
+                ) from None
             if state["optimizer"] is not None:
                 if self.optimizer is None:
                     raise AssertionError("load_checkpoint after initialize(): the optimizer must exist")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rollouts.store.base import is_session_id
+from rollouts.view.sql import ascii_lower
 
 TEXT_CAP = 4000  # characters of input / response kept for search in an eval index
 PREVIEW_CAP = 300  # characters of input / response kept for the table
@@ -155,7 +156,7 @@ def sample_fields(d: Mapping[str, Any]) -> dict[str, Any]:
 class EvalIndex(_Index):
     """The index of one samples.jsonl."""
 
-    VERSION = 3
+    VERSION = 4
     SCHEMA = """
     CREATE TABLE IF NOT EXISTS samples(
         id TEXT PRIMARY KEY, seq INTEGER, off INTEGER, len INTEGER, status TEXT, failed INTEGER,
@@ -257,13 +258,9 @@ class EvalIndex(_Index):
         n, failed, mean = db.execute(
             "SELECT count(*), coalesce(sum(failed),0), avg(CASE WHEN failed=0 THEN reward END) FROM samples"
         ).fetchone()
-        names = [r[0] for r in db.execute("SELECT name FROM metric_names ORDER BY name")]
-        names = [n for n in names if '"' not in n and "\\" not in n]
-        metrics: dict[str, float] = {}
-        if names:
-            cols = ", ".join("avg(json_extract(metrics, ?))" for _ in names)
-            values = db.execute(f"SELECT {cols} FROM samples", [f'$."{n}"' for n in names]).fetchone()
-            metrics = {name: float(v) for name, v in zip(names, values, strict=True) if v is not None}
+        # (every name, quotes included: the key is data here, never part of a JSON path)
+        rows = db.execute("SELECT m.key, avg(m.value) FROM samples, json_each(samples.metrics) m GROUP BY m.key")
+        metrics = {str(name): float(v) for name, v in rows if v is not None}
         return {"n": n, "failed": failed, "mean": mean, "metrics": metrics}
 
     def stats(self) -> dict[str, Any]:
@@ -289,7 +286,7 @@ class EvalIndex(_Index):
         return (
             f["id"], seq, off, len(line), f["status"], f["failed"], f["reward"], f["turns"], f["tokens"],
             f["cost"], f["duration"], f["error"], f["input_text"][:PREVIEW_CAP], f["response_text"][:PREVIEW_CAP],
-            f["metrics"], f["metadata"], (f["input_text"] + "\n" + f["response_text"]).lower(),
+            f["metrics"], f["metadata"], ascii_lower(f["input_text"] + "\n" + f["response_text"]),
         )  # fmt: skip
 
     def _flush(self, db: sqlite3.Connection, rows: list[tuple[Any, ...]], end: int, seq: int) -> None:
@@ -334,7 +331,7 @@ def _message_text(m: Mapping[str, Any]) -> str:
 class SessionIndex(_Index):
     """The index of one FileSessionStore root (`root/<session id>/session.json, messages.jsonl`)."""
 
-    VERSION = 4
+    VERSION = 5
     SCHEMA = """
     CREATE TABLE IF NOT EXISTS sessions(
         id TEXT PRIMARY KEY, parent_id TEXT, branch_point INTEGER, status TEXT, model TEXT,
@@ -444,7 +441,9 @@ class SessionIndex(_Index):
                     if isinstance(details, Mapping) and details.get("is_error"):
                         errors += 1
                     t = _message_text(m)
-                    if not preview and t and (m.get("role") == "user" or meta.get("parent_id")):
+                    # (a user message: a branch's own history starts mid-conversation, with a tool
+                    # result or a reply; without a user message of its own it shows its parent's)
+                    if not preview and t and m.get("role") == "user":
                         preview = t[:200]
                     if size < SESSION_TEXT_CAP and t:
                         parts.append(t[: SESSION_TEXT_CAP - size].lower())

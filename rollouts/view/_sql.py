@@ -1,7 +1,5 @@
-"""The SQL the files catalog runs over its indexes: columns, WHERE clauses and ORDER BY for the
-queries pages make, and rows turned into catalog values. Every value reaches SQLite as a bound
-parameter; the only text put into SQL is from fixed tables (sort columns, operators) or a JSON
-path built from a key that cannot hold quotes."""
+"""The files catalog's sample and session indexes as SQL: where each field is (for the one
+query compiler, rollouts.view.sql), and rows turned into catalog values."""
 
 from __future__ import annotations
 
@@ -9,18 +7,43 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from rollouts.view.catalog import METRIC_OPS, SAMPLE_SORTS, SampleQuery, SampleRow, SessionQuery, SessionRow
+from rollouts.view.catalog import SampleRow, SessionQuery, SessionRow
+from rollouts.view.sql import SampleColumns
 
-SESSION_COLS = "id, status, model, provider, parent_id, branch_point, tags, created_at, updated_at, n_own, tokens, cost, errors, preview"
+# (read FROM sessions s; a session without a user message of its own, a branch, shows its parent's first one)
+SESSION_COLS = (
+    "s.id, s.status, s.model, s.provider, s.parent_id, s.branch_point, s.tags, s.created_at, s.updated_at, s.n_own, "
+    "s.tokens, s.cost, s.errors, COALESCE(NULLIF(s.preview, ''), (SELECT p.preview FROM sessions p WHERE p.id = s.parent_id))"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# the files catalog's layout (rollouts.view._index)
+# --------------------------------------------------------------------------------------------
+
+
+def files_columns(alias: str = "") -> SampleColumns:
+    """The columns of the files catalog's sample index (table `samples`), under `alias`."""
+    a = f"{alias}." if alias else ""
+    return SampleColumns(
+        id=f"{a}id", seq=f"{a}seq", status=f"{a}status", reward=f"{a}reward", turns=f"{a}turns",
+        tokens=f"{a}tokens", cost=f"{a}cost", time=f"{a}duration",
+        metric=f"(SELECT value FROM json_each({a}metrics) WHERE key = ?)",
+        meta=f"(SELECT value FROM json_each({a}metadata) WHERE key = ?)",
+        search=(f"{a}search",), search_lowered=True,
+        groups={"failed": ("failed", "provider_error"), "pending": ("pending",)},
+    )  # fmt: skip
+
+
 SAMPLE_COLS = "id, seq, status, reward, metrics, turns, tokens, cost, duration, error, input_text, response_text"
-SORT_COLUMNS = {"seq": "seq", "id": "id", "reward": "reward", "status": "status", "turns": "turns",
-                 "tokens": "tokens", "cost": "cost", "time": "duration"}  # fmt: skip
 
 
-def json_path(key: str) -> str:
-    if '"' in key or "\\" in key:
-        raise ValueError(f"{key!r}: a metric or metadata key for filtering cannot contain quotes or backslashes")
-    return f'$."{key}"'
+def sample_row(r: Sequence[Any]) -> SampleRow:
+    return SampleRow(
+        sample_id=r[0], seq=r[1], status=r[2], reward=r[3], metrics=json.loads(r[4] or "{}"), turns=r[5],
+        tokens=r[6], cost_usd=r[7], duration_s=r[8], error=r[9], input_preview=(r[10] or "")[:300],
+        response_preview=(r[11] or "")[:300],
+    )  # fmt: skip
 
 
 def session_row(r: Sequence[Any]) -> SessionRow:
@@ -33,55 +56,6 @@ def session_row(r: Sequence[Any]) -> SessionRow:
         tags={str(k): str(v) for k, v in tags.items()}, created_at=r[7], updated_at=r[8],
         n_messages=(r[5] or 0) + r[9], tokens=r[10], cost_usd=r[11], errors=r[12], preview=r[13],
     )  # fmt: skip
-
-
-def sample_row(r: Sequence[Any]) -> SampleRow:
-    return SampleRow(
-        sample_id=r[0], seq=r[1], status=r[2], reward=r[3], metrics=json.loads(r[4] or "{}"), turns=r[5],
-        tokens=r[6], cost_usd=r[7], duration_s=r[8], error=r[9], input_preview=(r[10] or "")[:300],
-        response_preview=(r[11] or "")[:300],
-    )  # fmt: skip
-
-
-def sample_where(q: SampleQuery) -> tuple[str, list[Any]]:
-    clauses: list[str] = []
-    args: list[Any] = []
-    if q.text:
-        clauses.append("instr(search, ?) > 0")
-        args.append(q.text.lower())
-    if q.status:
-        clauses.append("status = ?")
-        args.append(q.status)
-    if q.failed is not None:
-        clauses.append("failed = ?")
-        args.append(int(q.failed))
-    if q.metric and q.value is not None:
-        if q.op not in METRIC_OPS:
-            raise ValueError(f"op must be one of {METRIC_OPS}, got {q.op!r}")
-        if q.metric == "reward":
-            clauses.append(f"reward {q.op} ?")
-        else:
-            clauses.append(f"json_extract(metrics, ?) {q.op} ?")
-            args.append(json_path(q.metric))
-        args.append(q.value)
-    if q.meta is not None:
-        clauses.append("json_extract(metadata, ?) = ?")
-        args.extend([json_path(q.meta[0]), q.meta[1]])
-    return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
-
-
-def sample_order(q: SampleQuery) -> str:
-    # ties in the same direction, so an index on (column, seq) serves the order both ways
-    direction = "DESC" if q.descending else "ASC"
-    if q.sort.startswith("metric:"):
-        name = q.sort.split(":", 1)[1]
-        path = json_path(name).replace("'", "''")
-        return f"json_extract(metrics, '{path}') {direction}, seq {direction}"
-    if q.sort not in SAMPLE_SORTS:
-        raise ValueError(f"sort must be one of {SAMPLE_SORTS} or metric:<name>, got {q.sort!r}")
-    if q.sort in ("seq", "id"):
-        return f"{SORT_COLUMNS[q.sort]} {direction}"
-    return f"{SORT_COLUMNS[q.sort]} {direction}, seq {direction}"
 
 
 def session_where(q: SessionQuery) -> tuple[str, list[Any]]:
@@ -97,6 +71,6 @@ def session_where(q: SessionQuery) -> tuple[str, list[Any]]:
         clauses.append("model = ?")
         args.append(q.model)
     if q.tag is not None:
-        clauses.append("json_extract(tags, ?) = ?")
-        args.extend([json_path(q.tag[0]), q.tag[1]])
+        clauses.append("(SELECT value FROM json_each(tags) WHERE key = ?) = ?")
+        args.extend([q.tag[0], q.tag[1]])
     return (" WHERE " + " AND ".join(clauses)) if clauses else "", args

@@ -53,8 +53,13 @@ class Page(Generic[T]):
         return self.offset > 0
 
 
+OFFSET_MAX = 2**62  # (SQL integers are 64-bit: a bigger offset would overflow)
+
+
 def clamp_page(offset: int, limit: int) -> tuple[int, int]:
-    """`offset` >= 0 and 1 <= `limit` <= PAGE_LIMIT_MAX."""
+    """`offset` >= 0 and 1 <= `limit` <= PAGE_LIMIT_MAX; ValueError for an offset past OFFSET_MAX."""
+    if int(offset) > OFFSET_MAX:
+        raise ValueError(f"offset must be at most {OFFSET_MAX}, got {offset}")
     return max(0, int(offset)), max(1, min(PAGE_LIMIT_MAX, int(limit)))
 
 

@@ -38,15 +38,7 @@ from rollouts.store.base import SessionError, is_session_id
 from rollouts.store.files import FileSessionStore, default_sessions_dir
 from rollouts.view._gepa_files import REFLECTIONS_FILE, is_gepa_dir, read_gepa_dir, read_reflections
 from rollouts.view._index import EvalIndex, SessionIndex
-from rollouts.view._sql import (
-    SAMPLE_COLS,
-    SESSION_COLS,
-    sample_order,
-    sample_row,
-    sample_where,
-    session_row,
-    session_where,
-)
+from rollouts.view._sql import SAMPLE_COLS, SESSION_COLS, files_columns, sample_row, session_row, session_where
 from rollouts.view.catalog import (
     CompareRow,
     Comparison,
@@ -65,6 +57,7 @@ from rollouts.view.catalog import (
     SessionRow,
     clamp_page,
 )
+from rollouts.view.sql import compile_compare, compile_samples
 
 CACHE_DIR_ENV = "ROLLOUTS_VIEW_CACHE"
 _TREE_MAX = 500
@@ -299,7 +292,8 @@ class FilesCatalog:
                 with s.index.read() as db:
                     total += db.execute(f"SELECT count(*) FROM sessions{where}", args).fetchone()[0]
                     got = db.execute(
-                        f"SELECT {SESSION_COLS} FROM sessions{where} ORDER BY id DESC LIMIT ?", [*args, offset + limit]
+                        f"SELECT {SESSION_COLS} FROM sessions s{where} ORDER BY s.id DESC LIMIT ?",
+                        [*args, offset + limit],
                     ).fetchall()
                     rows.extend(session_row(r) for r in got)
             rows.sort(key=lambda r: r.session_id, reverse=True)
@@ -317,7 +311,7 @@ class FilesCatalog:
                 continue
             s.index.index_one(session_id)
             with s.index.read() as db:
-                r = db.execute(f"SELECT {SESSION_COLS} FROM sessions WHERE id=?", (session_id,)).fetchone()
+                r = db.execute(f"SELECT {SESSION_COLS} FROM sessions s WHERE s.id=?", (session_id,)).fetchone()
             if r is not None:
                 return s, session_row(r)
         raise NotFound(f"no session {session_id!r}")
@@ -411,20 +405,18 @@ class FilesCatalog:
     async def list_samples(self, run_id: str, query: SampleQuery) -> Page[SampleRow]:
         src = self._eval(run_id)
         offset, limit = clamp_page(query.offset, query.limit)
-        where, args = sample_where(query)
-        order = sample_order(query)
-        if where or not order.startswith("seq"):
+        sql = compile_samples(
+            files_columns(), replace(query, offset=offset, limit=limit), select=SAMPLE_COLS, source="samples"
+        )
+        if sql.count_args or query.sort != "seq" or query.descending:
             await self._without_indexer()
         else:
             await self._wait_for(lambda: not _pending(src.index) or _count(src.index, "samples") >= offset + limit, 50)
 
         def run() -> tuple[list[SampleRow], int]:
             with src.index.read() as db:
-                total = db.execute(f"SELECT count(*) FROM samples{where}", args).fetchone()[0]
-                rows = db.execute(
-                    f"SELECT {SAMPLE_COLS} FROM samples{where} ORDER BY {order} LIMIT ? OFFSET ?",
-                    [*args, limit, offset],
-                ).fetchall()
+                total = db.execute(sql.count, sql.count_args).fetchone()[0]
+                rows = db.execute(sql.page, [*sql.page_args, limit, offset]).fetchall()
             return [sample_row(r) for r in rows], total
 
         items, total = await trio.to_thread.run_sync(run)
@@ -460,16 +452,13 @@ class FilesCatalog:
         def run() -> Comparison:
             with a.index.read() as db:
                 db.execute("ATTACH DATABASE ? AS other", (str(b.index.db_path),))
-                join = "FROM main.samples x JOIN other.samples y ON x.id = y.id"
-                delta = "(coalesce(y.reward,0) - coalesce(x.reward,0))"
-                shared, regressed, improved = db.execute(
-                    f"SELECT count(*), coalesce(sum({delta} < 0),0), coalesce(sum({delta} > 0),0) {join}"
-                ).fetchone()
-                rows = db.execute(
-                    f"SELECT x.id, x.reward, y.reward, x.status, y.status {join} "
-                    f"ORDER BY {delta} ASC, x.seq LIMIT ? OFFSET ?",
-                    (limit, offset),
-                ).fetchall()
+                sql = compile_compare(
+                    files_columns("x"),
+                    files_columns("y"),
+                    join="FROM main.samples x JOIN other.samples y ON x.id = y.id",
+                )
+                shared, regressed, improved = db.execute(sql.counts, sql.args).fetchone()
+                rows = db.execute(sql.rows, [*sql.args, limit, offset]).fetchall()
                 n_a = db.execute("SELECT count(*) FROM main.samples").fetchone()[0]
                 n_b = db.execute("SELECT count(*) FROM other.samples").fetchone()[0]
             page = Page(

@@ -64,6 +64,10 @@ class ServerLinks:
     def compare(self, a: str, b: str, **query: Any) -> str | None:
         return self._u("/compare" + _query({"a": a, "b": b, **query}))
 
+    def compare_form(self) -> str | None:
+        """Where the compare form is sent (its fields give the runs)."""
+        return self._u("/compare")
+
     def gepa_runs(self) -> str:
         return self._u("/gepa")
 
@@ -75,6 +79,13 @@ class ServerLinks:
 
     def live(self, kind: str, item_id: str) -> str | None:
         return self._u(f"/live/{kind}/{quote(item_id, safe='')}")
+
+    def sample_text(self, run_id: str, sample_id: str, message: int, part: int) -> str | None:
+        """The whole text of one part of one message of a sample (plain text)."""
+        return self._u("/text/sample" + _query({"run": run_id, "id": sample_id, "m": str(message), "p": str(part)}))
+
+    def session_text(self, session_id: str, message: int, part: int) -> str | None:
+        return self._u("/text/session" + _query({"id": session_id, "m": str(message), "p": str(part)}))
 
 
 class BundleLinks:
@@ -128,6 +139,9 @@ class BundleLinks:
     def compare(self, a: str, b: str, **query: Any) -> str | None:
         return None
 
+    def compare_form(self) -> str | None:
+        return None
+
     def gepa_runs(self) -> str:
         return self._rel("gepa.html")
 
@@ -138,6 +152,12 @@ class BundleLinks:
         return self._rel(f"gepa/{run_id}/c{int(idx)}.html")
 
     def live(self, kind: str, item_id: str) -> str | None:
+        return None
+
+    def sample_text(self, run_id: str, sample_id: str, message: int, part: int) -> str | None:
+        return None
+
+    def session_text(self, session_id: str, message: int, part: int) -> str | None:
         return None
 
 

@@ -14,14 +14,24 @@ from hypercorn.trio import serve as hypercorn_serve
 from starlette.applications import Starlette
 
 
-def _config(host: str, port: int, *, quiet: bool) -> Config:
+def hypercorn_config(
+    host: str, port: int, *, access_log: str | None = None, error_log: str | None = "-", log_level: str = "WARNING"
+) -> Config:
+    """Hypercorn's config for serving on `host:port` (an IPv6 address in brackets), stopping
+    within a second; `access_log` / `error_log`: "-" for stderr, None for none. The viewer and
+    the rollout service both serve with it."""
     config = Config()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.bind = [f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"]
     config.graceful_timeout = 1.0
-    config.accesslog = None if quiet else "-"
-    config.errorlog = "-"  # errors (a page that failed) always reach stderr
-    config.loglevel = "WARNING" if quiet else "INFO"
+    config.accesslog = access_log
+    config.errorlog = error_log
+    config.loglevel = log_level
     return config
+
+
+def _config(host: str, port: int, *, quiet: bool) -> Config:
+    # errors (a page that failed) always reach stderr
+    return hypercorn_config(host, port, access_log=None if quiet else "-", log_level="WARNING" if quiet else "INFO")
 
 
 async def serve(

