@@ -28,7 +28,7 @@ from rollouts.dtypes import Message
 from rollouts.service import accounts, queue
 from rollouts.service.accounts import VersionSpec
 from rollouts.service.auth import bearer_token
-from rollouts.service.execution import BUILTIN_SCORERS, ENVIRONMENTS
+from rollouts.service.execution import BUILTIN_SCORERS, ENVIRONMENTS, default_task_timeout_ms
 from rollouts.service.policy import PolicyError, ServicePolicy
 from rollouts.service.progress import BatchChanges
 from rollouts.service.requests import ApiError, integer, invalid, number, obj, parse_json, string, string_list
@@ -389,7 +389,7 @@ async def create_batch(ctx: _Ctx, request: Request, ws: str) -> Response:
     tasks = parse_tasks(body, "tasks", ctx.limits.max_tasks)
     config = obj(body, "config") or {}
     parallelism = integer(config, "parallelism", prefix="config.", minimum=1, maximum=100_000) or 5
-    timeout_ms = integer(config, "timeout_per_task_ms", prefix="config.", minimum=1, maximum=86_400_000) or 30_000
+    timeout_ms = integer(config, "timeout_per_task_ms", prefix="config.", minimum=1, maximum=86_400_000)
     deadline = number(config, "deadline_s", prefix="config.", minimum=0.001, maximum=ctx.limits.max_deadline_s)
     model = string(config, "model", prefix="config.", max_len=200, non_empty=True)
     score = parse_score(config, prefix="config.", policy=_policy(ctx))
@@ -403,6 +403,8 @@ async def create_batch(ctx: _Ctx, request: Request, ws: str) -> Response:
         if wanted is not None and await ctx.store.read(accounts.get_agent, ws, agent_id) is not None:
             raise not_found(f"version {wanted} of agent {agent_id}", "agent_version")
         raise not_found(f"agent {agent_id}", "agent_id")
+    if timeout_ms is None:  # (what the model needs: a local model takes minutes where an API takes seconds)
+        timeout_ms = default_task_timeout_ms({**version["endpoint"], **({"model": model} if model else {})})
     try:  # (the version's endpoint as this batch runs it: its model may be replaced)
         _policy(ctx).check_endpoint(version["endpoint"], "endpoint", model)
     except PolicyError as e:

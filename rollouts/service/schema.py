@@ -149,6 +149,11 @@ MIGRATIONS: list[list[str]] = [
     [
         "ALTER TABLE batches ADD COLUMN request_digest TEXT",
     ],
+    # 7: what a GEPA job says about how it ended beside its status (no version when nothing
+    # improved on the seed; tasks that timed out)
+    [
+        "ALTER TABLE gepa_jobs ADD COLUMN message TEXT",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
