@@ -77,6 +77,7 @@ def evolve(obj: _D, **changes: Any) -> _D:
 # --------------------------------------------------------------------------------------------
 
 _SECRET_FIELDS = ("api_key", "oauth_token")
+DEFAULT_MAX_TOKENS = 4096  # Endpoint.max_tokens' default; the embedded models read it as their own default
 
 
 @dataclass(frozen=True)
@@ -90,13 +91,16 @@ class Endpoint:
     servers are reached: `"sdk"` (the official SDK), `"http"` (our lean httpx transport) or
     `"auto"` (the default: the lean transport for self-hosted servers — `openai-compatible`,
     `vllm`, `sglang`, `llamacpp`, `local` — and the SDK for `openai`).
+    `max_tokens` left at its default (4096) means, for the embedded `local` models (whose whole
+    context is 4096 tokens), that model's own default (1024: a looping small model cannot
+    generate for minutes); any other value is used as given.
     """
 
     provider: str
     model: str
     api_base: str = ""
     api_key: str = field(default="", repr=False)
-    max_tokens: int = 4096
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float | None = None
     thinking: Mapping[str, Any] | None = None
     max_retries: int = 3

@@ -14,6 +14,7 @@ import trio.testing
 from rollouts.service import accounts, queue
 from rollouts.service.api import progress_stream
 from rollouts.service.batch_tasks import BatchTasks
+from rollouts.service.gepa_jobs import GEPAJobs
 from rollouts.service.progress import BatchChanges
 from rollouts.service.store import Store
 from rollouts.service.worker import Worker
@@ -244,3 +245,37 @@ async def test_a_big_batch_far_from_its_end_is_polled_not_probed_on_every_commit
     assert far == [] and probes  # probed only once near the end
     assert all(round(b - a, 3) >= 0.05 for a, b in itertools.pairwise(probes))  # at most every min_gap_s
     assert polled[:3] == [t0, t0 + 1.0, t0 + 2.0]
+
+
+async def test_a_gepa_job_waits_on_its_batchs_changes_instead_of_polling(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Issue 32 item 5: a GEPA job polled its batch (a full read of its progress and results)
+    at a backoff up to 0.5 s for as long as the batch ran; it now sleeps until the database says
+    the batch changed (a worker's NOTIFY), asks with one index probe, and returns at once."""
+    probes: list[float] = []
+    finished = [False]
+
+    class _ProbedStore(_Store):
+        is_postgres = True  # (precise changes: the batch's end is notified)
+
+        async def read(self, fn: Any, *args: Any) -> Any:
+            assert fn is queue.batch_finished
+            probes.append(trio.current_time())
+            return finished[0]
+
+    store = _ProbedStore()
+    changes = BatchChanges(store)  # type: ignore[arg-type]
+    jobs = GEPAJobs(store, changes=changes, poll_s=1.0)  # type: ignore[arg-type]
+
+    async def the_batch_ends_after_30_s() -> None:
+        await trio.sleep(30.0)
+        finished[0] = True
+        changes._changed("b1")  # (as the worker's NOTIFY does)
+
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(the_batch_ends_after_30_s)
+        await jobs._wait_finished("b1")
+    assert trio.current_time() - t0 == 30.0  # at once, not at the next look
+    assert len(probes) <= 32  # at most one a second (the fallback for a missed NOTIFY)

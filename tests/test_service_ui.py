@@ -401,3 +401,43 @@ async def test_the_service_serves_the_ui_next_to_the_api(db_url: str, nursery: t
         assert (await client.get("/v1/health")).json()["status"] == "ok"
         assert (await client.get("/v1/agents")).status_code == 401
         assert (await client.get("/ui/static/live.js")).status_code == 200
+
+
+async def test_a_live_stream_ends_when_its_sign_in_is_revoked(ui: Ui) -> None:
+    """A stream opened before its token was revoked kept streaming (up to a day): every poll
+    checks the sign-in again, and the stream ends with `event: denied`."""
+    d = ui.data
+    await ui.login(d.token_a)
+    for path in ("/ui/live-batches", f"/ui/live-batches/{d.batch}", "/ui/live-gepa-jobs", f"/ui/live/eval/{d.batch}"):
+        seen: list[str] = []
+        async with ui.client.stream("GET", path) as r:
+            assert r.status_code == 200, path
+            async for line in r.aiter_lines():
+                seen.append(line)
+                if line.startswith("data: ") and len([x for x in seen if x.startswith("data: ")]) == 1:
+                    for tok in await ui.store.call(accounts.list_tokens):
+                        if tok["workspace"] == "alpha":
+                            await ui.store.call(accounts.revoke_token, tok["id"])
+                if line == "event: denied":
+                    break
+        assert "event: denied" in seen, path
+        assert (await ui.client.get(path)).status_code == 401  # (the reconnect is refused)
+        ui.client.cookies.clear()
+        _, token = await ui.store.call(accounts.create_token, "alpha")
+        await ui.login(token)
+
+
+async def test_no_ui_response_can_be_framed(ui: Ui) -> None:
+    """The service UI could be framed by a page on another port (a click promoted a version)."""
+    anon = [("/ui/login", 200), ("/ui/batches", 303), ("/ui/api/evals", 401), ("/ui/static/live.js", 200)]
+    for path, status in anon:
+        r = await ui.client.get(path)
+        assert r.status_code == status, path
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
+        assert r.headers["x-frame-options"] == "DENY", path
+    r = await ui.client.post("/ui/login", data={"token": "x"}, headers={"origin": "http://evil.example"})
+    assert r.status_code == 403 and r.headers["x-frame-options"] == "DENY"
+    await ui.login(ui.data.token_a)
+    for path in ("/ui/batches", "/ui/agents", f"/ui/evals/{ui.data.batch}", "/ui/nope"):
+        r = await ui.client.get(path)
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["referrer-policy"] == "same-origin", path

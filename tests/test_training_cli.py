@@ -99,6 +99,58 @@ async def test_train_grpo_errors_name_the_flag(tmp_path: Path) -> None:
     assert code == 2 and "--steps must be at least 1" in err
 
 
+async def test_defect5_cli_refuses_a_group_of_one_and_temperature_zero_naming_the_flag(tmp_path: Path) -> None:
+    _write(tmp_path / "prompts.jsonl", json.dumps({"prompt": "x"}) + "\n")
+    base = ["train", "grpo", "--data", "prompts.jsonl", "--score", "exact_match", "--output", "o", "--steps", "1"]
+    code, _, err = await _cli(*base, "--model", "smollm2-135m", "--group", "1", cwd=tmp_path)
+    assert code == 2 and "--group must be at least 2" in err and "advantage 0" in err
+    code, _, err = await _cli(*base, "--model", "smollm2-135m", "--temperature", "0", cwd=tmp_path)
+    assert code == 2 and "--temperature must be > 0" in err
+
+
+def _tiny_run(tmp_path: Path, model: str, *extra: str) -> list[str]:
+    return [
+        "train", "grpo", "--model", model, "--data", "prompts.jsonl", "--score", "task.py:sevens", "--output", "run",
+        "--batch-size", "1", "--group", "2", "--max-tokens", "3", "--threads", "1", "--steps", "1", *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+async def test_defect1_cli_stops_with_the_error_printed_when_every_rollout_fails(tmp_path: Path) -> None:
+    await trio.to_thread.run_sync(_save_tiny, tmp_path / "tiny")
+    _write(tmp_path / "prompts.jsonl", json.dumps({"text": "no prompt field"}) + "\n")
+    _write(tmp_path / "task.py", SCORE)
+    code, out, err = await _cli(*_tiny_run(tmp_path, str(tmp_path / "tiny")), cwd=tmp_path)
+    assert code == 1, err[-3000:]
+    # each failure printed as it happened, then the run stopped naming the first
+    assert err.count("failed (failed): prepare_messages") == 2
+    assert "rollouts: error: step 0: 2 of 2 rollouts failed" in err and "--max-failed-fraction" in err
+    assert "Traceback" not in err and out == ""
+    assert not (tmp_path / "run" / "final").exists()  # the starting weights are not passed off as trained
+
+
+def _save_tiny_wider(path: Path) -> None:
+    from rollouts.training.tiny import tiny_chat_model
+
+    model, tokenizer = tiny_chat_model(seed=0, hidden_size=64)
+    model.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+
+
+@pytest.mark.slow
+async def test_defect6_cli_names_a_different_architecture_on_resume(tmp_path: Path) -> None:
+    await trio.to_thread.run_sync(_save_tiny, tmp_path / "tiny")
+    await trio.to_thread.run_sync(_save_tiny_wider, tmp_path / "wider")
+    _write(tmp_path / "prompts.jsonl", json.dumps({"prompt": "say seven"}) + "\n")
+    _write(tmp_path / "task.py", SCORE)
+    code, _, err = await _cli(*_tiny_run(tmp_path, str(tmp_path / "tiny")), cwd=tmp_path)
+    assert code == 0, err[-3000:]
+    code, _, err = await _cli(*_tiny_run(tmp_path, str(tmp_path / "wider"), "--steps", "2"), cwd=tmp_path)
+    assert code == 2, err[-3000:]
+    assert "model architecture (parameter names and shapes)" in err and "changed" in err
+    assert "Traceback" not in err and "load_state_dict" not in err
+
+
 def test_packaged_weights_refuse_a_file_that_does_not_match_its_hash() -> None:
     from rollouts.errors import ModelFileError
 

@@ -246,3 +246,29 @@ async def test_defect7_zero_advantage_samples_count_in_the_loss_denominator_with
     metrics = result.steps[0].metrics
     assert metrics["trained_samples"] == 8 and metrics["nonzero_advantage_samples"] == 0
     assert metrics["grad_norm"] == 0.0 and metrics["loss"] == 0.0
+
+
+# -- 3: the benchmark's held-out set is held out ------------------------------------------------
+
+
+def _benchmark_module() -> Any:
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "grpo.py"
+    spec = importlib.util.spec_from_file_location("grpo_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_defect3_the_grpo_benchmarks_heldout_sets_share_no_unordered_pair_with_training() -> None:
+    bench = _benchmark_module()
+    for heldout, seed, example in ((32, 0, bench.EXAMPLE_PAIR), (8, 1, bench.MULTI_EXAMPLE_PAIR)):
+        train, held = bench.arithmetic_split(10, heldout, seed=seed, example=example)
+        pairs = {frozenset((r["a"], r["b"])) for r in train}
+        assert not [r for r in held if frozenset((r["a"], r["b"])) in pairs]  # no commuted twin in training
+        assert frozenset(example) not in {frozenset((r["a"], r["b"])) for r in held}  # nor the worked example
+        assert len(train) + len(held) == 100 and len(held) >= heldout
+    # the prompt's worked example is the pair the split keeps out of the held-out set
+    assert bench.EXAMPLE == (("What is 2 + 3?", "5"),) and bench.MULTI_EXAMPLE_PAIR == (2, 1)

@@ -6,7 +6,11 @@ directory saved with `save_pretrained`. Each step samples `--group` completions 
 `--score`, and takes one policy-gradient step. `DIR/log.jsonl` gets a line per step,
 `DIR/checkpoints/` a checkpoint every `--checkpoint-every` steps and at the end, and `DIR/final/`
 the trained weights (loadable as `--model DIR/final` or `Endpoint("transformers", "DIR/final")`).
-Running the same command again resumes after the last checkpoint.
+Running the same command again resumes after the last checkpoint — only with the same data,
+score function, environment, starting model and settings (`--steps` may grow); otherwise the
+error names what changed. A rollout that fails is printed as it happens; by default any failure
+stops the run with its error (`--max-failed-fraction` lets a share fail: they are left out of
+training). docs/training.md gives the formula behind each setting.
 """
 
 from __future__ import annotations
@@ -57,7 +61,33 @@ def add_parser(sub: Any) -> None:
     g.add_argument("--output", required=True, metavar="DIR", help="log, checkpoints and final weights (resumes)")
     g.add_argument("--batch-size", type=int, default=4, metavar="N", help="prompts per step (default 4)")
     g.add_argument("--group", type=int, default=8, metavar="N", help="completions per prompt (default 8)")
-    g.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
+    g.add_argument("--lr", type=float, default=1e-5, help="peak learning rate (default 1e-5)")
+    g.add_argument(
+        "--lr-schedule",
+        choices=("linear", "cosine", "constant"),
+        default="linear",
+        help="decay to 0 over --steps after the warm-up, or constant (default linear, as trl)",
+    )
+    g.add_argument("--warmup-steps", type=int, default=0, metavar="N", help="linear warm-up from 0 (default 0)")
+    g.add_argument(
+        "--loss-normalization",
+        choices=("per_token", "per_sequence"),
+        default="per_token",
+        help="average over every sampled token of a step (trl's dapo, default) or per completion (GRPO)",
+    )
+    g.add_argument(
+        "--scale-rewards",
+        choices=("group", "batch", "none"),
+        default="group",
+        help="divide advantages by the group's or the step's std (+1e-4), or not (Dr. GRPO); default group",
+    )
+    g.add_argument(
+        "--max-failed-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="share of a step's rollouts that may fail before the run stops (default 0: any failure stops it)",
+    )
     g.add_argument("--max-tokens", type=int, default=128, metavar="N", help="tokens per model call (default 128)")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     g.add_argument("--max-turns", type=int, default=1, metavar="N", help="model turns per rollout (default 1)")
@@ -87,6 +117,19 @@ def run_grpo(args: argparse.Namespace) -> int:
             raise CLIError(f"--{flag.replace('_', '-')} must be at least 1")
     if args.lr <= 0:
         raise CLIError("--lr must be > 0")
+    if args.group < 2:
+        raise CLIError(
+            "--group must be at least 2: advantages compare the completions of one prompt, so a group of one "
+            "has advantage 0 and teaches nothing"
+        )
+    if not args.temperature > 0:
+        raise CLIError(
+            "--temperature must be > 0: at 0 every completion of a prompt is the same, so nothing is learned"
+        )
+    if not 0.0 <= args.max_failed_fraction < 1.0:
+        raise CLIError("--max-failed-fraction must be at least 0 and below 1")
+    if args.warmup_steps < 0:
+        raise CLIError("--warmup-steps must be at least 0")
     rows = list(load_dataset(args.data))
     if not rows:
         raise CLIError(f"--data {args.data}: no rows")
@@ -123,6 +166,11 @@ def run_grpo(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         max_turns=args.max_turns,
         lr=args.lr,
+        lr_schedule=args.lr_schedule,
+        warmup_steps=args.warmup_steps,
+        loss_normalization=args.loss_normalization,
+        scale_rewards=args.scale_rewards,
+        max_failed_fraction=args.max_failed_fraction,
         num_minibatches=args.minibatches,
         kl_coef=args.kl_coef,
         checkpoint_every=args.checkpoint_every,

@@ -7,6 +7,7 @@ writes a static copy of the pages that opens from disk.
 from __future__ import annotations
 
 import argparse
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="*", metavar="PATH", help="what to show (default: the sessions dir and .)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=0, help="port (default 0: any free port)")
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another host name it answers for (Host header; besides localhost, 127.0.0.1, ::1 and --host)",
+    )
     p.add_argument("--cache-dir", metavar="DIR", help="where the indexes live (default $ROLLOUTS_VIEW_CACHE)")
     p.add_argument("--bundle", metavar="DIR", help="write a static copy of the pages to DIR instead of serving")
     p.add_argument(
@@ -69,15 +77,22 @@ def main(args: argparse.Namespace) -> int:
         print(f"wrote {len(written)} files; open {out / 'index.html'}")
         return 0
 
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(
-            f"warning: serving on {args.host} exposes these files to the network without authentication",
-            file=sys.stderr,
-        )
+    from rollouts.view.guard import LOCAL_HOSTS, is_local
+
+    hosts = sorted({*LOCAL_HOSTS, args.host, *args.allow_host})
+    token = None if is_local(args.host) else secrets.token_urlsafe(32)
+    app = create_app(catalog, allowed_hosts=hosts, access_token=token)
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(serve, create_app(catalog), args.host, args.port)
+            url = await nursery.start(serve, app, args.host, args.port)
+            if token is not None:
+                url = f"{url}?token={token}"
+                print(
+                    f"note: {args.host} is reachable from other machines: every request needs the token in this "
+                    f"URL (it answers for the host names {', '.join(hosts)}; add more with --allow-host)",
+                    file=sys.stderr,
+                )
             print(f"rollouts view: {url}  (Ctrl-C to stop)", flush=True)
 
     trio.run(run)

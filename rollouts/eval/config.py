@@ -85,7 +85,7 @@ class EvalConfig:
         first used, so a 100,000-row run does not hold 100,000 trajectories). False: never
         (the report has its summary; samples go to on_sample_end and samples.jsonl only).
     eval_name: names the evaluation in the report (resume refuses a different name).
-    show_progress: draw a progress bar on stderr when it is a terminal.
+    show_progress: progress on stderr: a live bar on a terminal, else a line every 30 seconds.
     on_sample_start(sample_id, row) / on_sample_event(sample_id, event) / on_sample_end(sample):
         callbacks, sync or async; an exception in one fails that sample.
     metadata: free-form JSON-safe data recorded in report.json.

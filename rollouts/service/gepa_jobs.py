@@ -47,6 +47,7 @@ from rollouts.service.api import (
 from rollouts.service.execution import default_task_timeout_ms
 from rollouts.service.gepa_adapter import ServiceAdapter
 from rollouts.service.policy import ServicePolicy
+from rollouts.service.progress import BatchChanges
 from rollouts.service.requests import boolean, integer, number, string
 from rollouts.service.store import Store
 
@@ -113,8 +114,10 @@ class GEPAJobs:
         max_jobs: int = 2,
         poll_s: float = 1.0,
         policy: ServicePolicy | None = None,
+        changes: BatchChanges | None = None,
     ) -> None:
         self.store = store
+        self.changes = changes  # (running) wakes the jobs waiting on their batches
         self.policy = policy or ServicePolicy()
         self.data_dir = Path(data_dir or os.path.join(tempfile.gettempdir(), "rollouts-gepa-jobs"))
         self.lease_s = lease_s
@@ -199,19 +202,32 @@ class GEPAJobs:
             )
             assert summary is not None  # (no request digest: a key is never refused)
             bid = summary["batch_id"]
-            delay = 0.02
-            while True:
-                state = await self.store.read(queue.get_batch, ws, bid, 0, len(tasks))
-                assert state is not None
-                if state["progress"]["pending"] == 0:
-                    if state["status"] == "cancelled":
-                        await stop_if_cancelled()
-                    by_id = {r["task_id"]: r for r in state["results"]}
-                    return [by_id.get(t["task_id"]) for t in tasks]
-                await trio.sleep(delay)
-                delay = min(delay * 2, 0.5)
+            await self._wait_finished(bid)
+            state = await self.store.read(queue.get_batch, ws, bid, 0, len(tasks))
+            assert state is not None and state["progress"]["pending"] == 0
+            if state["status"] == "cancelled":
+                await stop_if_cancelled()
+            by_id = {r["task_id"]: r for r in state["results"]}
+            return [by_id.get(t["task_id"]) for t in tasks]
 
         return run_batch
+
+    async def _wait_finished(self, batch_id: str) -> None:
+        """Return once the batch has nothing queued or running. With `changes`, woken when the
+        database says the batch changed (PostgreSQL: a worker's NOTIFY as it ends; SQLite: a
+        commit), each time asking with one index probe (queue.batch_finished), and at least every
+        `poll_s` (a NOTIFY two workers' last results can miss); without, probing at a backoff
+        from 20 ms to 0.5 s."""
+        delay = 0.02
+        while True:
+            seen = self.changes.version(batch_id) if self.changes is not None else 0
+            if await self.store.read(queue.batch_finished, batch_id):
+                return
+            if self.changes is not None:
+                await self.changes.wait(batch_id, seen, self.poll_s)
+            else:
+                await trio.sleep(delay)
+                delay = min(delay * 2, 0.5)
 
     async def _execute(self, job: dict[str, Any]) -> None:
         job_id, cfg = job["job_id"], job["config"]

@@ -131,14 +131,14 @@ async def serve(
     store = await Store.open(db_url, max_connections=16)
     try:
         async with trio.open_nursery() as nursery:
+            changes = BatchChanges(store)
+            await nursery.start(changes.run)
             jobs: Any = None
             if gepa_jobs:
                 from rollouts.service.gepa_jobs import GEPAJobs
 
-                jobs = GEPAJobs(store, data_dir=data_dir, lease_s=job_lease_s, policy=policy)
+                jobs = GEPAJobs(store, data_dir=data_dir, lease_s=job_lease_s, policy=policy, changes=changes)
                 nursery.start_soon(jobs.run)
-            changes = BatchChanges(store)
-            await nursery.start(changes.run)
             app: Any = create_app(store, limits=limits, gepa=jobs, changes=changes, policy=policy)
             if ui:
                 app = with_ui(app, store, jobs, limits or ApiLimits())

@@ -49,7 +49,7 @@ from rollouts.view import pages
 from rollouts.view.app import SecurityHeaders, create_app
 from rollouts.view.catalog import EvalRunRow, GepaRunRow, NotFound
 from rollouts.view.links import ServerLinks
-from rollouts.view.live import live_response
+from rollouts.view.live import LIVE_MAX_LIFETIME_S, live_response
 from rollouts.view.render import num
 
 __all__ = ["COOKIE", "UiContext", "create_ui", "csrf_token"]
@@ -74,6 +74,7 @@ class UiContext:
     links: ServerLinks
     max_tasks: int
     live_poll_s: float
+    live_max_s: float = LIVE_MAX_LIFETIME_S
 
     def catalog_for(self, request: Request) -> ServiceCatalog:
         """The catalog of the signed-in workspace of `request`."""
@@ -350,7 +351,7 @@ async def _live(
         return now, finished(now)
 
     return live_response(
-        first, poll, finished=finished(first), poll_s=ctx.live_poll_s,
+        first, poll, finished=finished(first), poll_s=ctx.live_poll_s, max_lifetime_s=ctx.live_max_s,
         still_allowed=lambda: ctx.still_signed_in(request),
     )  # fmt: skip
 
@@ -433,19 +434,27 @@ def create_ui(
     prefix: str = "/ui",
     max_tasks: int = 10_000,
     live_poll_s: float = 1.0,
+    live_max_s: float = LIVE_MAX_LIFETIME_S,
 ) -> Any:
     """The viewer over the service's database with the service pages, behind sign-in (see the
     module docstring). `gepa` (a `GEPAJobs`) is woken when the form starts a job; without it the
-    job waits for a server that runs jobs."""
+    job waits for a server that runs jobs. Live streams end after `live_max_s` (pages reconnect)."""
     nav = (("Batches", f"{prefix}/batches"), ("GEPA jobs", f"{prefix}/gepa-jobs"), ("Agents", f"{prefix}/agents"))
     links = ServerLinks(prefix, nav, show_sessions=False)  # (the service has no sessions)
-    ctx = UiContext(store, gepa, prefix, links, max_tasks, live_poll_s)
+    ctx = UiContext(store, gepa, prefix, links, max_tasks, live_poll_s, live_max_s)
     routes = [Route("/login", _login_route(ctx), methods=["GET", "POST"])]
     routes += [Route(path, _route(ctx, handler), methods=[method]) for path, handler, method in _ROUTES]
     app = create_app(
-        catalog_for=ctx.catalog_for, prefix=prefix, run_indexer=False, live_poll_s=live_poll_s, routes=routes,
-        nav=nav, show_sessions=False, still_allowed=ctx.still_signed_in,
-    )  # fmt: skip
+        catalog_for=ctx.catalog_for,
+        prefix=prefix,
+        run_indexer=False,
+        live_poll_s=live_poll_s,
+        routes=routes,
+        nav=nav,
+        show_sessions=False,
+        still_allowed=ctx.still_signed_in,
+        allowed_hosts=None,
+    )  # fmt: skip  (the service's own policy decides the hosts it serves; sign-in guards every route)
     # Referrer-Policy same-origin instead of the viewer's no-referrer: with no-referrer a browser
     # sends `Origin: null` on this site's own forms, which `_same_origin` could not tell from a
     # sandboxed frame of another site. Nothing leaks to other sites either way. (Outermost, so the

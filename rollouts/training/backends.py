@@ -141,8 +141,10 @@ class ServedPolicy:
             "(ServedPolicy(..., provider='vllm', reload_route=...)), or train in process with local_policy()"
         )
         if self.provider in _CANNOT_RELOAD:
-            raise ConfigurationError(f"ServedPolicy: {_CANNOT_RELOAD[self.provider]}, so rollouts would keep "
-                                     f"sampling the starting weights; {hint}")  # fmt: skip
+            reason = _CANNOT_RELOAD[self.provider]
+            raise ConfigurationError(
+                f"ServedPolicy: {reason}, so rollouts would keep sampling the starting weights; {hint}"
+            )
         try:
             get_token_provider_function(self.provider)
         except ConfigurationError as e:

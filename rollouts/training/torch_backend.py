@@ -217,10 +217,9 @@ class TorchBackend:
         computed = [s for s in usable if s.advantage != 0.0 or self.kl_coef > 0]
         total_tokens = sum(s.num_model_tokens for s in usable)
         metrics = {"loss": 0.0, "kl": 0.0, "train_entropy": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "lr": lr}
-        metrics.update(
-            trained_samples=float(len(usable)), nonzero_advantage_samples=float(len(computed)),
-            model_tokens=float(total_tokens),
-        )  # fmt: skip
+        metrics["trained_samples"] = float(len(usable))
+        metrics["nonzero_advantage_samples"] = float(len(computed))
+        metrics["model_tokens"] = float(total_tokens)
         if not computed:
             return metrics
         for group in self.optimizer.param_groups:

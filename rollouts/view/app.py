@@ -36,6 +36,7 @@ from typing import Any
 
 import trio
 from starlette.applications import Starlette
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
@@ -45,9 +46,19 @@ from starlette.types import ASGIApp
 
 from rollouts.view import pages
 from rollouts.view.catalog import Catalog, NotFound, SessionQuery
+from rollouts.view.guard import LOCAL_HOSTS, HostGuard
 from rollouts.view.links import ServerLinks
-from rollouts.view.live import live_response
+from rollouts.view.live import LIVE_MAX_LIFETIME_S, live_response
 from rollouts.view.render import STATIC, money, num
+
+
+class _AnyTextConvertor(PathConvertor):
+    """`path`, newlines included (an id may hold any text; Starlette's `.*` stops at a newline)."""
+
+    regex = "[\\s\\S]*"
+
+
+register_url_convertor("anytext", _AnyTextConvertor())
 
 __all__ = ["LIVE_POLL_S", "SecurityHeaders", "ViewContext", "create_app", "live_numbers"]
 
@@ -88,10 +99,16 @@ class SecurityHeaders:
 
 
 class _ViewerApp(Starlette):
-    """Starlette with the security headers outside its error middleware (so a 500 has them)."""
+    """Starlette with the security headers and the host/token guard outside its error
+    middleware (so a 500 has the headers too)."""
+
+    guard: dict[str, Any] | None = None
 
     def build_middleware_stack(self) -> ASGIApp:
-        return SecurityHeaders(super().build_middleware_stack())
+        app = super().build_middleware_stack()
+        if self.guard is not None:
+            app = HostGuard(app, **self.guard)
+        return SecurityHeaders(app)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +120,7 @@ class ViewContext:
     links: ServerLinks
     live_poll_s: float = LIVE_POLL_S
     still_allowed: Callable[[Request], Awaitable[bool]] | None = None
+    live_max_s: float = LIVE_MAX_LIFETIME_S
 
 
 Handler = Callable[[ViewContext, Request], Awaitable[Response]]
@@ -272,8 +290,9 @@ async def live(ctx: ViewContext, r: Request) -> Response:
 
     allowed = ctx.still_allowed
     return live_response(
-        first, poll, finished=finished, poll_s=ctx.live_poll_s, still_allowed=(lambda: allowed(r)) if allowed else None
-    )
+        first, poll, finished=finished, poll_s=ctx.live_poll_s, max_lifetime_s=ctx.live_max_s,
+        still_allowed=(lambda: allowed(r)) if allowed else None,
+    )  # fmt: skip
 
 
 # ---- errors -------------------------------------------------------------------------------------
@@ -312,7 +331,7 @@ _ROUTES: tuple[tuple[str, Handler], ...] = (
     ("/sessions/{session_id}/diff", session_diff),
     ("/evals", evals),
     ("/evals/{run_id}", eval_run),
-    ("/evals/{run_id}/samples/{sample_id:path}", sample),
+    ("/evals/{run_id}/samples/{sample_id:anytext}", sample),
     ("/compare", compare),
     ("/gepa", gepa_runs),
     ("/gepa/{run_id}", gepa_run),
@@ -322,7 +341,7 @@ _ROUTES: tuple[tuple[str, Handler], ...] = (
     ("/api/evals", api_evals),
     ("/api/evals/{run_id}", api_eval),
     ("/api/evals/{run_id}/samples", api_samples),
-    ("/api/evals/{run_id}/samples/{sample_id:path}", api_sample),
+    ("/api/evals/{run_id}/samples/{sample_id:anytext}", api_sample),
     ("/api/gepa", api_gepa_runs),
     ("/api/gepa/{run_id}", api_gepa_run),
     ("/live/{kind}/{item_id}", live),
@@ -353,6 +372,9 @@ def create_app(
     nav: Sequence[tuple[str, str]] = (),
     show_sessions: bool = True,
     still_allowed: Callable[[Request], Awaitable[bool]] | None = None,
+    allowed_hosts: Sequence[str] | None = tuple(LOCAL_HOSTS),
+    access_token: str | None = None,
+    live_max_s: float = LIVE_MAX_LIFETIME_S,
 ) -> Starlette:
     """The viewer over `catalog` (or over `catalog_for(request)`, a catalog per request).
     `prefix` is where it is mounted (links include it); `run_indexer` starts
@@ -361,7 +383,11 @@ def create_app(
     `routes` and `nav` are the seam for a host: the rollout service adds its pages
     (batches with live progress, the GEPA jobs form, agent versions with promote) as more
     routes, and their (label, url) to the top navigation; `show_sessions=False` (a catalog
-    without sessions) leaves Sessions out of the navigation and the index."""
+    without sessions) leaves Sessions out of the navigation and the index.
+
+    `live_max_s` bounds a live stream's life (the page reconnects).
+    `allowed_hosts` are the host names it answers for (`Host` header; None: any, for a host app
+    that checks its own) and `access_token` the token every request must carry (rollouts.view.guard)."""
     if (catalog is None) == (catalog_for is None):
         raise TypeError("create_app takes a catalog or catalog_for, not both")
     if catalog is not None:
@@ -370,7 +396,7 @@ def create_app(
     assert catalog_for is not None
     links = ServerLinks(prefix, tuple(nav), show_sessions=show_sessions)
     pages.compile_templates()
-    ctx = ViewContext(catalog_for, links, live_poll_s, still_allowed)
+    ctx = ViewContext(catalog_for, links, live_poll_s, still_allowed, live_max_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -383,6 +409,9 @@ def create_app(
             yield
             nursery.cancel_scope.cancel()
 
-    return _ViewerApp(
+    app = _ViewerApp(
         routes=[*routes, *view_routes(ctx)], exception_handlers=_exception_handlers(links), lifespan=lifespan
     )
+    if allowed_hosts is not None or access_token is not None:
+        app.guard = {"hosts": allowed_hosts, "token": access_token, "cookie_path": prefix or "/"}
+    return app
