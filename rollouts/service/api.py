@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from rollouts.service.auth import bearer_token
 from rollouts.service.execution import BUILTIN_SCORERS, ENVIRONMENTS, default_task_timeout_ms
 from rollouts.service.policy import PolicyError, ServicePolicy
 from rollouts.service.progress import BatchChanges
+from rollouts.service.ratelimit import AuthFailures
 from rollouts.service.requests import ApiError, integer, invalid, number, obj, parse_json, string, string_list
 from rollouts.service.store import Store
 
@@ -46,14 +48,19 @@ _UNAUTHORIZED = {"error": {"code": "unauthorized", "message": "a valid bearer to
 @dataclass(frozen=True)
 class ApiLimits:
     """max_body_bytes: larger request bodies are 413. max_tasks: tasks per batch (and GEPA
-    instances). default_deadline_s: a batch's deadline when its config gives none (the seed's
-    10-minute poll timeout). sse_poll_s: how often an event stream looks for progress."""
+        instances). default_deadline_s: a batch's deadline when its config gives none (the seed's
+        10-minute poll timeout). sse_poll_s: how often an event stream looks for progress. A client
+    address past its failed authentications is 429 (rollouts.service.ratelimit)."""
 
     max_body_bytes: int = 16 * 1024 * 1024
     max_tasks: int = 10_000
     default_deadline_s: float = 600.0
     max_deadline_s: float = 7 * 24 * 3600.0
     sse_poll_s: float = 0.25
+    sse_recheck_s: float = 5.0  # an event stream looks its token up again this often (revoked: it ends)
+    sse_max_s: float = 3600.0  # an event stream ends after this long (clients reconnect)
+    auth_failures_per_s: float = 1.0  # failed authentications a client address may make (burst: below)
+    auth_failure_burst: int = 20
 
 
 def iso(ts: float | None) -> str | None:
@@ -107,6 +114,7 @@ class _Ctx:
         self.store = store
         self.limits = limits
         self.extra = extra
+        self.auth_failures = AuthFailures(rate_per_s=limits.auth_failures_per_s, burst=limits.auth_failure_burst)
 
 
 async def read_body(request: Request, max_bytes: int) -> dict[str, Any]:
@@ -137,11 +145,21 @@ Handler = Callable[[_Ctx, Request, str], Awaitable[Response]]
 
 def _route(ctx: _Ctx, handler: Handler, public: bool = False) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
+        address = request.client.host if request.client is not None else ""
         try:
+            if not public:
+                wait = ctx.auth_failures.blocked(address)
+                if wait > 0:  # (before the token's lookup: a guess costs the database nothing)
+                    return JSONResponse(
+                        {"error": {"code": "rate_limited", "message": "too many failed authentications; retry later"}},
+                        status_code=429,
+                        headers={"retry-after": str(max(1, math.ceil(wait)))},
+                    )
             ws = "" if public else await workspace_of(ctx, request)
             return await handler(ctx, request, ws)
         except ApiError as e:
             if e.status == 401:
+                ctx.auth_failures.failed(address)
                 return JSONResponse(_UNAUTHORIZED, status_code=401, headers={"www-authenticate": "Bearer"})
             return _JSON(e.body(), status_code=e.status)
 
@@ -531,6 +549,51 @@ async def progress_stream(
         quiet += trio.current_time() - polled
 
 
+class _StreamEnd(Exception):
+    """An event stream must end now with this last event (its token was revoked, or it reached
+    its maximum lifetime)."""
+
+    def __init__(self, event: bytes) -> None:
+        super().__init__("stream ended")
+        self.event = event
+
+
+def guarded_stream(
+    ctx: _Ctx, request: Request, ws: str, poll: Callable[[], Awaitable[dict[str, Any] | None]],
+    make: Callable[[Callable[[], Awaitable[dict[str, Any] | None]]], AsyncIterator[bytes]],
+) -> AsyncIterator[bytes]:  # fmt: skip
+    """The event stream `make(poll)`, whose every poll also looks the request's token up again
+    (at most every `ApiLimits.sse_recheck_s`) and minds the stream's age: a token revoked or
+    expired meanwhile ends it with an `error` event (401's code), a stream older than
+    `ApiLimits.sse_max_s` with an `end` event (the client reconnects)."""
+    started = trio.current_time()
+    checked = started
+
+    async def guarded_poll() -> dict[str, Any] | None:
+        nonlocal checked
+        now = trio.current_time()
+        if now - started >= ctx.limits.sse_max_s:
+            raise _StreamEnd(sse("end", {"reason": "max_lifetime", "message": "the stream ended: reconnect"}))
+        if now - checked >= ctx.limits.sse_recheck_s:
+            checked = now
+            try:
+                still = await workspace_of(ctx, request)
+            except ApiError:
+                still = None
+            if still != ws:
+                raise _StreamEnd(sse("error", _UNAUTHORIZED))
+        return await poll()
+
+    async def stream() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in make(guarded_poll):
+                yield chunk
+        except _StreamEnd as end:
+            yield end.event
+
+    return stream()
+
+
 async def batch_events(ctx: _Ctx, request: Request, ws: str) -> Response:
     bid = request.path_params["batch_id"]
     if await ctx.store.read(queue.get_batch, ws, bid, 0, 0) is None:
@@ -544,13 +607,19 @@ async def batch_events(ctx: _Ctx, request: Request, ws: str) -> Response:
 
     changes: BatchChanges | None = ctx.extra.get("changes")
     return StreamingResponse(
-        progress_stream(
+        guarded_stream(
+            ctx,
+            request,
+            ws,
             poll,
-            lambda s: s["progress"]["pending"] == 0,
-            ctx.limits.sse_poll_s,
-            changes=(changes, bid) if changes is not None else None,
-            pending=lambda s: int(s["progress"]["pending"]),
-            finished=lambda: ctx.store.read(queue.batch_finished, bid),
+            lambda poll: progress_stream(
+                poll,
+                lambda s: s["progress"]["pending"] == 0,
+                ctx.limits.sse_poll_s,
+                changes=(changes, bid) if changes is not None else None,
+                pending=lambda s: int(s["progress"]["pending"]),
+                finished=lambda: ctx.store.read(queue.batch_finished, bid),
+            ),
         ),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache"},

@@ -36,6 +36,7 @@ from rollouts.service import accounts, jobs, queue
 from rollouts.service.accounts import VersionSpec, new_id
 from rollouts.service.api import (
     _times,
+    guarded_stream,
     not_found,
     ok,
     parse_endpoint,
@@ -382,7 +383,13 @@ class GEPAJobs:
             return _times(job) if job is not None else None
 
         return StreamingResponse(
-            progress_stream(poll, lambda j: j["status"] in _TERMINAL, ctx.limits.sse_poll_s * 2),
+            guarded_stream(
+                ctx,
+                request,
+                ws,
+                poll,
+                lambda poll: progress_stream(poll, lambda j: j["status"] in _TERMINAL, ctx.limits.sse_poll_s * 2),
+            ),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache"},
         )
