@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from rollouts import tracing
 from rollouts.cli.common import (
     ArgumentParser,
     CLIError,
@@ -130,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     finally:
+        if tracing.tracer is not None:
+            tracing.disable_tracing()  # (exports the spans still buffered)
         _release_output()  # what the redacting streams hold back: the output ends here
 
 
@@ -149,6 +152,7 @@ def _main(argv: Sequence[str] | None) -> int:
             parser.print_help()
             return 2
         _guard_output(key_variable_names(args))  # + the variables named by flags
+        tracing.enable_tracing_from_env()  # ROLLOUTS_OTEL=1: OpenTelemetry spans over OTLP (OTEL_* variables)
         try:
             return int(args.func(args) or 0)
         except BaseExceptionGroup as group:

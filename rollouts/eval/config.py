@@ -89,6 +89,13 @@ class EvalConfig:
     on_sample_start(sample_id, row) / on_sample_event(sample_id, event) / on_sample_end(sample):
         callbacks, sync or async; an exception in one fails that sample.
     metadata: free-form JSON-safe data recorded in report.json.
+    epochs: run every row this many times (sample ids `<row id>#1`..`#k`) and reduce each row's
+        epochs (rollouts.eval.epochs): mean, max, majority vote over `answer_fn`'s answers, and
+        unbiased pass@k for each k of `pass_at` (default: 1 and `epochs`); in
+        `report.summary["epochs"]`. `max_samples` counts rows.
+    pass_at: the k values of pass@k (each 1 <= k <= epochs).
+    pass_threshold: the reward at or above which a sample counts as correct for pass@k (default 1.0).
+    answer_fn: `Sample -> str | None`, the answer majority vote counts (default: the response text).
     """
 
     endpoint: Endpoint
@@ -115,6 +122,10 @@ class EvalConfig:
     on_sample_event: OnSampleEvent | None = None
     on_sample_end: OnSampleEnd | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    epochs: int = 1
+    pass_at: tuple[int, ...] | None = None
+    pass_threshold: float = 1.0
+    answer_fn: Callable[[Sample], str | None] | None = None
 
     def __post_init__(self) -> None:
         def positive(name: str, value: float | None, allow_none: bool = True) -> None:
@@ -142,11 +153,29 @@ class EvalConfig:
             raise ConfigurationError("EvalConfig: give rescore or overwrite, not both")
         if not self.eval_name:
             raise ConfigurationError("EvalConfig.eval_name must not be empty")
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or not 1 <= self.epochs <= 10_000:
+            raise ConfigurationError(f"EvalConfig.epochs must be a whole number from 1 to 10000, got {self.epochs!r}")
+        if self.pass_at is not None:
+            object.__setattr__(self, "pass_at", tuple(self.pass_at))
+            bad = [
+                k for k in self.pass_at if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.epochs
+            ]
+            if bad or not self.pass_at:
+                raise ConfigurationError(
+                    f"EvalConfig.pass_at must list k values from 1 to epochs ({self.epochs}), got {self.pass_at!r}"
+                )
         if self.run_config is not None and self.run_config.cancel_scope is not None:
             raise ConfigurationError(
                 "EvalConfig.run_config.cancel_scope must be None: evaluate() gives each sample its own "
                 "(use sample_timeout_s for a time limit, or cancel the surrounding scope to stop the eval)"
             )
+
+    @property
+    def pass_at_k(self) -> tuple[int, ...]:
+        """The k values pass@k is reported for: `pass_at`, else 1 and `epochs` (only 1 for one epoch)."""
+        if self.pass_at is not None:
+            return tuple(sorted(set(self.pass_at)))
+        return tuple(sorted({1, self.epochs}))
 
     @property
     def effective_max_turns(self) -> int:
@@ -204,6 +233,10 @@ class EvalConfig:
             "retry_backoff_max_s": self.retry_backoff_max_s,
             "output_dir": str(self.output_dir) if self.output_dir is not None else None,
             "metadata": redact_secrets(dict(self.metadata)),
+            "epochs": self.epochs,
+            "pass_at": list(self.pass_at_k),
+            "pass_threshold": self.pass_threshold,
+            "answer_fn": _callable_name(self.answer_fn),
             "fingerprint": self.fingerprint.to_dict(),
             "output_hash": output_hash(self),
         }

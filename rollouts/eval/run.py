@@ -62,6 +62,7 @@ from rollouts.eval.config import (
     ScoreFn,
     default_prepare_messages,
 )
+from rollouts.eval.epochs import EpochReducer, EpochRow, epoch_reducer, epoch_rows, with_epochs, write_epochs
 from rollouts.eval.executor import Executor, InProcess, Submit, with_limiters
 from rollouts.eval.fingerprint import messages_hash
 from rollouts.eval.ids import SampleIds
@@ -96,6 +97,8 @@ __all__ = [
 
 def sample_id_for(row: Row, index: int) -> str:
     """A row's stable id: its own `id` field if it has one, else its index in the dataset."""
+    if isinstance(row, EpochRow):
+        return row.sample_id
     rid = row.get("id")
     return str(rid) if rid is not None and rid != "" else str(index)
 
@@ -177,6 +180,7 @@ class _Run:
     results: dict[str, Sample] | None = None
     reused: int = 0
     rescored: int = 0
+    epochs: EpochReducer | None = None  # EvalConfig.epochs > 1: each row's epochs, reduced
     fatal: list[BaseException] = field(default_factory=list)  # ends the whole evaluation
     in_flight: set[str] = field(default_factory=set)  # admitted, not yet recorded (<= max_concurrent)
 
@@ -191,6 +195,8 @@ class _Run:
             self.results[sample.id] = sample
         if self.summary is not None:
             self.summary.add(sample)
+        if self.epochs is not None:
+            self.epochs.add(sample)
         self.progress.update(sample, reused=reused)
 
     def admit(self, row: Any, index: int) -> str:
@@ -220,6 +226,8 @@ class _Run:
             assert out is not None or not self.config.keeps_samples
             ids = self._finished_ids(order) if self.in_flight else order
             samples = (lambda: read_samples(out, ids)) if out is not None else ()
+        if self.epochs is not None:
+            summary = with_epochs(summary, samples, self.epochs)
         return EvalReport(
             eval_name=self.config.eval_name,
             samples=samples,
@@ -333,7 +341,8 @@ async def admitted_rows(
     config = run.config
     rows = _Rows(dataset)
     index = 0
-    while config.max_samples is None or index < config.max_samples:
+    limit = config.max_samples * config.epochs if config.max_samples is not None else None
+    while limit is None or index < limit:
         token = object()
         await slots.acquire_on_behalf_of(token)
         try:
@@ -376,13 +385,18 @@ async def evaluate(
     output = _open(config)
     out, log = (output.path, output.log) if output is not None else (None, None)
     previous = output.previous if output is not None else None
+    length = _dataset_len(dataset, config.max_samples)
+    if config.epochs > 1:
+        dataset = epoch_rows(dataset, config.epochs, config.max_samples)
+        length = length * config.epochs if length is not None else None
     progress = ProgressBar(
-        _dataset_len(dataset, config.max_samples),
+        length,
         enabled=None if config.show_progress else False,
         label=config.eval_name,
     )
     keep = config.keeps_samples
     run = _Run(config, out, progress, log, previous, None if keep else SummaryBuilder(), results={} if keep else None)
+    run.epochs = epoch_reducer(config)
 
     async def run_samples() -> None:
         try:
@@ -403,6 +417,8 @@ async def evaluate(
                 data = report.to_dict(include_ids=False)
                 data["sample_ids"] = StreamedList(report.ids)  # (written one by one: flat at 100,000 rows)
                 write_json_atomic(out / REPORT_FILE, data)
+                if run.epochs is not None:
+                    write_epochs(out, run.epochs)
         finally:
             if output is not None:
                 output.lock.release()  # the directory's last write is done

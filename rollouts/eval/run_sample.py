@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from rollouts import tracing as _tracing
 from rollouts._awaitable import maybe_await as _maybe_await
 from rollouts.agents import run_agent
 from rollouts.dtypes import Actor, AgentState, Message, StopReason, Trajectory
@@ -296,6 +297,16 @@ async def evaluate_sample(
 
     A run that stops for any reason of the agent's own (no tool called, max turns, context too
     long, a tool error handler) is "completed" and scored: that is the model's result."""
+    if _tracing.tracer is None:
+        return await _evaluate_sample(row, sample_id, config, environment)
+    attributes = {"rollouts.eval.name": config.eval_name, "rollouts.sample.id": sample_id}
+    with _tracing.span("evaluate_sample", attributes) as span:
+        sample = await _evaluate_sample(row, sample_id, config, environment)
+        _tracing.sample_result(span, sample)
+        return sample
+
+
+async def _evaluate_sample(row: Row, sample_id: str, config: EvalConfig, environment: Environment | None) -> Sample:
     run = _Run(config, row, sample_id)
     made = await _set_up(run, environment)
     if isinstance(made, Sample):

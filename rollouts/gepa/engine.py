@@ -37,6 +37,7 @@ from typing import Any
 
 import trio
 
+from rollouts import tracing as _tracing
 from rollouts._dirlock import DirectoryLock
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ConfigurationError
@@ -401,7 +402,7 @@ class GEPAEngine:
         return f"; the iteration started early on #{new_idx} was dropped ({why}: {n} calls spent)"
 
     async def _run_slot(self, spec: ProposalSpec, slot: _Slot) -> None:
-        with slot.scope:
+        with slot.scope, _tracing.gepa_iteration(spec.iteration, spec.kind):
             slot.outcome = await self.proposer.run(self.state, spec, gate=slot.gate, parent_done=slot.parent_done)
         slot.parent_done.set()
         slot.done.set()

@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from rollouts import tracing as _tracing
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ProviderError
 from rollouts.gepa.adapter import Candidate, EvaluationBatch, GEPAAdapter, ReflectiveDataset
@@ -303,7 +304,8 @@ class Proposer:
         key = self.journal.key(iteration, component, current)
         answer = self.journal.answer(key)
         if answer is None:
-            answer = await call_reflection_model(self.reflection_endpoint, prompt)
+            with _tracing.gepa_reflection(iteration, component):
+                answer = await call_reflection_model(self.reflection_endpoint, prompt)
             try:
                 new_text = extract_new_text(answer, component)
             finally:

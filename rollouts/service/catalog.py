@@ -267,7 +267,7 @@ def _run_row(r: _BatchRun) -> EvalRunRow:
     done, failed, pending, queued = (int(x or 0) for x in (r.completed, r.failed, r.pending, r.queued))
     counts = {"completed": done, "failed": failed, "queued": queued, "running": pending - queued}
     status = _run_status(queue.batch_status(counts, int(r.task_count), r.cancelled_at is not None))
-    from rollouts.service.api import iso
+    from rollouts.service.routing import iso
 
     last = r.last_finished_at
     return EvalRunRow(

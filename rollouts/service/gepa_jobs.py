@@ -25,8 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
 
 from rollouts.errors import RolloutsError
 from rollouts.gepa.checkpoint import STATE_FILE
@@ -34,28 +32,25 @@ from rollouts.gepa.events import GEPAEvent
 from rollouts.gepa.optimize import optimize
 from rollouts.service import accounts, jobs, queue
 from rollouts.service.accounts import VersionSpec, new_id
-from rollouts.service.api import (
-    _times,
-    guarded_stream,
-    not_found,
-    ok,
-    parse_endpoint,
-    parse_score,
-    parse_tasks,
-    progress_stream,
-    read_body,
-)
 from rollouts.service.execution import default_task_timeout_ms
 from rollouts.service.gepa_adapter import ServiceAdapter
 from rollouts.service.policy import ServicePolicy
 from rollouts.service.progress import BatchChanges
-from rollouts.service.requests import boolean, integer, number, string
+from rollouts.service.requests import (
+    boolean,
+    integer,
+    not_found,
+    number,
+    parse_endpoint,
+    parse_score,
+    parse_tasks,
+    string,
+)
 from rollouts.service.store import Store
 
 __all__ = ["GEPAJobs"]
 
 _log = logging.getLogger("rollouts.service.gepa_jobs")
-_TERMINAL = ("completed", "failed", "cancelled")
 
 
 def _describe(e: BaseException) -> str:
@@ -346,50 +341,9 @@ class GEPAJobs:
             await self.store.call(accounts.promote_version, ws, agent_id, version["version"])
         await finish(status="completed", created_version=version["version"], message="; ".join(notes) or None, **common)
 
-    # ---- routes ---------------------------------------------------------------------------------
-
-    async def create_route(self, ctx: Any, request: Request, ws: str) -> Response:
-        body = await read_body(request, ctx.limits.max_body_bytes)
-        job = await self.start(ws, request.path_params["agent_id"], body, ctx.limits.max_tasks)
-        return ok(job, 201)
-
     async def start(self, ws: str, agent_id: str, body: dict[str, Any], max_tasks: int) -> dict[str, Any]:
         """Store a job from a request body (the API's JSON, or the UI's form) and wake the runner.
         Raises ApiError naming the field for bad input, 404 for an unknown agent or version."""
         job = await start_job(self.store, ws, agent_id, body, max_tasks, self.policy)
         self._wake.set()
         return job
-
-    async def get_route(self, ctx: Any, request: Request, ws: str) -> Response:
-        job = await self.store.read(jobs.get_job, ws, request.path_params["job_id"])
-        if job is None:
-            raise not_found("GEPA job")
-        return ok(job)
-
-    async def cancel_route(self, ctx: Any, request: Request, ws: str) -> Response:
-        jid = request.path_params["job_id"]
-        if not await self.store.call(jobs.cancel_job, ws, jid):
-            raise not_found("GEPA job")
-        job = await self.store.read(jobs.get_job, ws, jid)
-        return ok(job)
-
-    async def events_route(self, ctx: Any, request: Request, ws: str) -> Response:
-        jid = request.path_params["job_id"]
-        if await self.store.read(jobs.get_job, ws, jid) is None:
-            raise not_found("GEPA job")
-
-        async def poll() -> dict[str, Any] | None:
-            job = await self.store.read(jobs.get_job, ws, jid)
-            return _times(job) if job is not None else None
-
-        return StreamingResponse(
-            guarded_stream(
-                ctx,
-                request,
-                ws,
-                poll,
-                lambda poll: progress_stream(poll, lambda j: j["status"] in _TERMINAL, ctx.limits.sse_poll_s * 2),
-            ),
-            media_type="text/event-stream",
-            headers={"cache-control": "no-cache"},
-        )

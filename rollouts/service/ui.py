@@ -39,11 +39,11 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from rollouts.service import accounts
-from rollouts.service.api import iso
 from rollouts.service.auth import TOKEN_PREFIX
 from rollouts.service.catalog import ServiceCatalog
 from rollouts.service.gepa_jobs import start_job
-from rollouts.service.requests import ApiError
+from rollouts.service.requests import ApiError, read_body
+from rollouts.service.routing import iso
 from rollouts.service.store import Store
 from rollouts.view import pages
 from rollouts.view.app import SecurityHeaders, create_app
@@ -164,13 +164,8 @@ class _RequireSession:
 
 async def _form(request: Request) -> dict[str, str]:
     """An urlencoded form body (at most MAX_FORM_BYTES)."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_FORM_BYTES:
-            raise ApiError(413, "too_large", f"the form is over {MAX_FORM_BYTES} bytes", "body")
-        chunks.append(chunk)
-    parsed = parse_qs(b"".join(chunks).decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=100)
+    raw = await read_body(request, MAX_FORM_BYTES, "the form")
+    parsed = parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=100)
     return {k: v[-1] for k, v in parsed.items()}
 
 

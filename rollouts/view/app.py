@@ -39,7 +39,7 @@ from starlette.applications import Starlette
 from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
@@ -223,6 +223,14 @@ async def candidate(ctx: ViewContext, r: Request) -> Response:
     return HTMLResponse(await pages.candidate_page(ctx.catalog_for(r), ctx.links, _pp(r, "run_id"), idx, _params(r)))
 
 
+async def sample_text(ctx: ViewContext, r: Request) -> Response:
+    return PlainTextResponse(await pages.sample_text(ctx.catalog_for(r), _params(r)))
+
+
+async def session_text(ctx: ViewContext, r: Request) -> Response:
+    return PlainTextResponse(await pages.session_text(ctx.catalog_for(r), _params(r)))
+
+
 # ---- JSON ---------------------------------------------------------------------------------------
 
 
@@ -333,6 +341,8 @@ _ROUTES: tuple[tuple[str, Handler], ...] = (
     ("/evals/{run_id}", eval_run),
     ("/evals/{run_id}/samples/{sample_id:anytext}", sample),
     ("/compare", compare),
+    ("/text/sample", sample_text),
+    ("/text/session", session_text),
     ("/gepa", gepa_runs),
     ("/gepa/{run_id}", gepa_run),
     ("/gepa/{run_id}/candidates/{idx:int}", candidate),

@@ -292,7 +292,8 @@ class FilesCatalog:
                 with s.index.read() as db:
                     total += db.execute(f"SELECT count(*) FROM sessions{where}", args).fetchone()[0]
                     got = db.execute(
-                        f"SELECT {SESSION_COLS} FROM sessions{where} ORDER BY id DESC LIMIT ?", [*args, offset + limit]
+                        f"SELECT {SESSION_COLS} FROM sessions s{where} ORDER BY s.id DESC LIMIT ?",
+                        [*args, offset + limit],
                     ).fetchall()
                     rows.extend(session_row(r) for r in got)
             rows.sort(key=lambda r: r.session_id, reverse=True)
@@ -310,7 +311,7 @@ class FilesCatalog:
                 continue
             s.index.index_one(session_id)
             with s.index.read() as db:
-                r = db.execute(f"SELECT {SESSION_COLS} FROM sessions WHERE id=?", (session_id,)).fetchone()
+                r = db.execute(f"SELECT {SESSION_COLS} FROM sessions s WHERE s.id=?", (session_id,)).fetchone()
             if r is not None:
                 return s, session_row(r)
         raise NotFound(f"no session {session_id!r}")

@@ -80,6 +80,13 @@ class ServerLinks:
     def live(self, kind: str, item_id: str) -> str | None:
         return self._u(f"/live/{kind}/{quote(item_id, safe='')}")
 
+    def sample_text(self, run_id: str, sample_id: str, message: int, part: int) -> str | None:
+        """The whole text of one part of one message of a sample (plain text)."""
+        return self._u("/text/sample" + _query({"run": run_id, "id": sample_id, "m": str(message), "p": str(part)}))
+
+    def session_text(self, session_id: str, message: int, part: int) -> str | None:
+        return self._u("/text/session" + _query({"id": session_id, "m": str(message), "p": str(part)}))
+
 
 class BundleLinks:
     """Relative links between the files of a static bundle, from the page at `current`
@@ -145,6 +152,12 @@ class BundleLinks:
         return self._rel(f"gepa/{run_id}/c{int(idx)}.html")
 
     def live(self, kind: str, item_id: str) -> str | None:
+        return None
+
+    def sample_text(self, run_id: str, sample_id: str, message: int, part: int) -> str | None:
+        return None
+
+    def session_text(self, session_id: str, message: int, part: int) -> str | None:
         return None
 
 

@@ -8,12 +8,13 @@ query parameters, and return HTML. They raise NotFound (404) for unknown ids and
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jinja2
 from markupsafe import Markup
 
+from rollouts.dtypes import Message
 from rollouts.view.catalog import (
     METRIC_OPS,
     SAMPLE_SORTS,
@@ -27,6 +28,7 @@ from rollouts.view.render import (
     best_score_points,
     branch_diff,
     environment,
+    full_part_text,
     lineage_tree,
     score_plot,
     text_diff,
@@ -136,8 +138,9 @@ async def session_page(catalog: Catalog, links: Links, session_id: str, params: 
     page_no = _page_number(params)
     detail = await catalog.get_session(session_id, offset=(page_no - 1) * TRANSCRIPT_PAGE, limit=TRANSCRIPT_PAGE)
     return render(
-        "session.html", links, title=f"Session {session_id}", d=detail, page_no=page_no, per_page=TRANSCRIPT_PAGE
-    )
+        "session.html", links, title=f"Session {session_id}", d=detail, page_no=page_no, per_page=TRANSCRIPT_PAGE,
+        text_link=lambda m, p: links.session_text(session_id, m, p),
+    )  # fmt: skip
 
 
 async def session_diff_page(catalog: Catalog, links: Links, session_id: str, params: Params) -> str:
@@ -207,7 +210,40 @@ async def eval_run_page(catalog: Catalog, links: Links, run_id: str, params: Par
 async def sample_page(catalog: Catalog, links: Links, run_id: str, sample_id: str, params: Params) -> str:
     detail = await catalog.get_eval_run(run_id)
     sample = await catalog.get_sample(run_id, sample_id)
-    return render("sample.html", links, title=f"Sample {sample_id}", d=detail, s=sample)
+    return render("sample.html", links, title=f"Sample {sample_id}", d=detail, s=sample,
+                  text_link=lambda m, p: links.sample_text(run_id, sample_id, m, p))  # fmt: skip
+
+
+def _message_at(messages: Sequence[Message], index: int, what: str) -> Message:
+    if not 0 <= index < len(messages):
+        raise NotFound(f"{what} has no message {index}")
+    return messages[index]
+
+
+async def sample_text(catalog: Catalog, params: Params) -> str:
+    """The whole text of part `p` of message `m` of sample `id` of run `run` (a page shows the
+    first TEXT_SHOWN characters of it)."""
+    run_id, sample_id = params.get("run", ""), params.get("id", "")
+    sample = await catalog.get_sample(run_id, sample_id)
+    messages = sample.trajectory.messages if sample.trajectory else ()
+    message = _message_at(messages, _int(params, "m"), f"sample {sample_id!r}")
+    return _part_text(message, _int(params, "p"))
+
+
+async def session_text(catalog: Catalog, params: Params) -> str:
+    """The whole text of part `p` of message `m` of session `id`."""
+    session_id, index = params.get("id", ""), _int(params, "m")
+    detail = await catalog.get_session(session_id, offset=max(0, index), limit=1)
+    return _part_text(
+        _message_at(detail.messages, 0 if index >= 0 else -1, f"session {session_id!r}"), _int(params, "p")
+    )
+
+
+def _part_text(message: Message, part: int) -> str:
+    try:
+        return full_part_text(message, part)
+    except IndexError:
+        raise NotFound(f"that message has no part {part}") from None
 
 
 async def compare_page(catalog: Catalog, links: Links, params: Params) -> str:
