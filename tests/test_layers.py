@@ -232,3 +232,15 @@ def test_layers_no_eval_module_imports_the_service_even_inside_a_function() -> N
         if name == "rollouts.service" or name.startswith("rollouts.service.")
     ]
     assert offenders == []
+
+
+def test_layers_providers_import_nothing_from_training() -> None:
+    """Issue 32 item 5: providers/ imported training/weights.py (hash-pinned packaged files),
+    which now lives under local_model/; the providers sit below training and never reach up."""
+    offenders = [
+        f"{_module_name(path)} imports {name}"
+        for path in (PACKAGE / "providers").rglob("*.py")
+        for name in _imports(path) + _dynamic_imports(path)
+        if name == "rollouts.training" or name.startswith("rollouts.training.")
+    ]
+    assert offenders == []

@@ -181,3 +181,42 @@ async def test_a_running_gepa_page_updates_itself_by_server_sent_events(site: Si
         page.screenshot(path=site.shots / "gepa-live.png")
 
     await trio.to_thread.run_sync(_in_browser(drive))
+
+
+async def test_the_live_eval_page_updates_its_samples_table(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """The live eval page updated its counters but not the samples table until a reload: the
+    rows come with each live event, for the page's own filters and order."""
+    from _view_data import make_sample, write_eval
+
+    from rollouts.eval.io import SAMPLES_FILE, SampleLog
+
+    _require_browser()
+    run_dir = tmp_path / "run"
+    write_eval(run_dir, [make_sample(0, True), make_sample(1, False)], "live", report=False)  # running
+    catalog = FilesCatalog([run_dir], cache_dir=tmp_path / "cache", refresh_interval=0.1)
+    await catalog.index_once()
+    url = (await nursery.start(serve, create_app(catalog, live_poll_s=0.05))).rstrip("/")
+    run = catalog.run_id(run_dir)
+
+    def append(i: int, correct: bool) -> None:
+        log = SampleLog(run_dir / SAMPLES_FILE)
+        log.write(make_sample(i, correct))
+        log.close()
+
+    def drive(page: Any) -> None:
+        from playwright.sync_api import expect
+
+        page.goto(f"{url}/evals/{run}?sort=reward&order=desc")
+        page.wait_for_selector("body[data-live-updates]", state="attached")
+        rows = page.locator("#samples tbody tr")
+        expect(rows).to_have_count(2)
+        append(2, True)
+        expect(rows).to_have_count(3, timeout=WAIT_MS)
+        expect(page.locator('[data-field="n_samples"]').first).to_have_text("3", timeout=WAIT_MS)
+        ids = [t.strip() for t in page.locator("#samples tbody tr td.mono").all_inner_texts()]
+        assert ids == ["q002", "q000", "q001"], ids  # in the page's order (reward, descending)
+        page.click("#samples tbody tr >> text=q002")  # the new row's link works
+        assert page.url.endswith("/samples/q002")
+        assert page.evaluate("performance.getEntriesByType('navigation')[0].type") == "navigate"
+
+    await trio.to_thread.run_sync(_in_browser(drive))

@@ -53,7 +53,7 @@ async def _ok(v: View, path: str) -> str:
 
 def _rows(html: str, table_id: str) -> list[str]:
     body = html.split(f'id="{table_id}"', 1)[1].split("</table>", 1)[0]
-    return re.findall(r"<tr[ >].*?</tr>", body.split("<tbody>", 1)[1], flags=re.S)
+    return re.findall(r"<tr[ >].*?</tr>", re.split(r"<tbody[^>]*>", body, maxsplit=1)[1], flags=re.S)
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ examples:
   rollouts run -m scripted/calculator --env calculator -p "what is 7 + 5 * 3?"
   rollouts run -m openai-compatible/qwen --api-base http://127.0.0.1:8000/v1 -p "hi"
   rollouts eval data.jsonl -m openai/gpt-4.1 --score exact_match --output results/
+  rollouts eval-set a.jsonl b.jsonl --models openai/gpt-4.1,anthropic/claude-haiku-4-5 --epochs 3
   rollouts gepa train.jsonl -m local/qwen2.5-coder-0.5b --reflection-model anthropic/claude-sonnet-4-5 \\
       --score exact_match --system-prompt "Answer briefly." --budget 200
   rollouts sessions list
@@ -51,6 +52,7 @@ Named endpoints and defaults can live in rollouts.toml or ~/.config/rollouts/con
 _COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("rollouts.cli.run", "run an agent: one question (-p) or an interactive chat"),
     "eval": ("rollouts.cli.eval", "run a dataset through an agent and score it"),
+    "eval-set": ("rollouts.cli.eval_set", "run several datasets with several models into one compared set"),
     "sessions": ("rollouts.cli.sessions", "list, show, branch and export recorded sessions"),
     "gepa": ("rollouts.cli.gepa", "evolve a prompt with GEPA"),
     "view": ("rollouts.cli.view", "browse sessions, evaluations and GEPA runs in a web page"),

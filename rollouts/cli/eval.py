@@ -117,6 +117,24 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="run the samples in N worker processes on this machine (same output and resume; "
         "--max-concurrent stays the total in flight). Default 1: in this process",
     )
+    add_epoch_args(g)
+    g.add_argument("--output", metavar="DIR", help="results directory (resumes when it exists)")
+    again = g.add_mutually_exclusive_group()
+    again.add_argument(
+        "--rescore",
+        action="store_true",
+        help="resume with another score function: keep the recorded trajectories, run only the scoring",
+    )
+    again.add_argument("--overwrite", action="store_true", help="delete the results in the output directory first")
+    g.add_argument("--name", metavar="NAME", help="evaluation name (default: from the dataset and model)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--json", action="store_true", help="print the final report as JSON instead of a table")
+    p.set_defaults(func=main)
+    return p
+
+
+def add_epoch_args(g: Any) -> None:
+    """--epochs, --pass-at, --pass-threshold, --answer-tag (also `rollouts eval-set`'s)."""
     g.add_argument(
         "--epochs",
         type=int,
@@ -139,19 +157,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="TAG",
         help="majority vote over the text inside <TAG>...</TAG> (default: over the whole response)",
     )
-    g.add_argument("--output", metavar="DIR", help="results directory (resumes when it exists)")
-    again = g.add_mutually_exclusive_group()
-    again.add_argument(
-        "--rescore",
-        action="store_true",
-        help="resume with another score function: keep the recorded trajectories, run only the scoring",
-    )
-    again.add_argument("--overwrite", action="store_true", help="delete the results in the output directory first")
-    g.add_argument("--name", metavar="NAME", help="evaluation name (default: from the dataset and model)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    g.add_argument("--json", action="store_true", help="print the final report as JSON instead of a table")
-    p.set_defaults(func=main)
-    return p
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,7 +340,7 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
         "max_concurrent": args.max_concurrent or config.defaults.get("max_concurrent"),
         "sample_timeout_s": args.sample_timeout,
         "provider_error_retries": args.provider_retries,
-        **_epoch_settings(args),
+        **epoch_settings(args),
     }
     return EvalConfig(
         endpoint=endpoint,
@@ -351,7 +356,7 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
     )
 
 
-def _epoch_settings(args: argparse.Namespace) -> dict[str, Any]:
+def epoch_settings(args: argparse.Namespace) -> dict[str, Any]:
     """EvalConfig's epochs, pass_at, pass_threshold and answer_fn from --epochs, --pass-at,
     --pass-threshold and --answer-tag (only those given)."""
     out: dict[str, Any] = {"epochs": args.epochs, "pass_threshold": args.pass_threshold}

@@ -294,7 +294,10 @@ async def live(ctx: ViewContext, r: Request) -> Response:
         if token == last:
             return None
         last = token
-        return await live_numbers(catalog, kind, item_id)
+        data, done = await live_numbers(catalog, kind, item_id)
+        if kind == "eval":  # the samples table of the page, as its filters show it
+            data["rows"] = await pages.sample_rows(catalog, ctx.links, item_id, _params(r))
+        return data, done
 
     allowed = ctx.still_allowed
     return live_response(

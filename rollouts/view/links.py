@@ -77,8 +77,9 @@ class ServerLinks:
     def candidate(self, run_id: str, idx: int) -> str | None:
         return self._u(f"/gepa/{quote(run_id, safe='')}/candidates/{int(idx)}")
 
-    def live(self, kind: str, item_id: str) -> str | None:
-        return self._u(f"/live/{kind}/{quote(item_id, safe='')}")
+    def live(self, kind: str, item_id: str, **query: Any) -> str | None:
+        """The live stream of an item (`query`: the page's filters, for the rows it shows)."""
+        return self._u(f"/live/{kind}/{quote(item_id, safe='')}" + _query(query))
 
     def sample_text(self, run_id: str, sample_id: str, message: int, part: int) -> str | None:
         """The whole text of one part of one message of a sample (plain text)."""
@@ -151,7 +152,7 @@ class BundleLinks:
     def candidate(self, run_id: str, idx: int) -> str | None:
         return self._rel(f"gepa/{run_id}/c{int(idx)}.html")
 
-    def live(self, kind: str, item_id: str) -> str | None:
+    def live(self, kind: str, item_id: str, **query: Any) -> str | None:
         return None
 
     def sample_text(self, run_id: str, sample_id: str, message: int, part: int) -> str | None:

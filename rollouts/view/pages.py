@@ -191,7 +191,7 @@ async def eval_run_page(catalog: Catalog, links: Links, run_id: str, params: Par
     q = sample_query(params)
     page = await catalog.list_samples(run_id, q)
     others = [r for r in await catalog.list_eval_runs() if r.run_id != run_id]
-    form = {k: params.get(k, "") for k in ("q", "status", "failed", "metric", "op", "value", "meta", "sort", "order")}
+    form = {k: params.get(k, "") for k in _SAMPLE_PARAMS}
     return render(
         "eval_run.html",
         links,
@@ -204,7 +204,18 @@ async def eval_run_page(catalog: Catalog, links: Links, run_id: str, params: Par
         others=others,
         sorts=SAMPLE_SORTS,
         ops=METRIC_OPS,
+        live_query={k: v for k, v in params.items() if k in (*_SAMPLE_PARAMS, "page") and v},
     )
+
+
+_SAMPLE_PARAMS = ("q", "status", "failed", "metric", "op", "value", "meta", "sort", "order")
+
+
+async def sample_rows(catalog: Catalog, links: Links, run_id: str, params: Params) -> str:
+    """The rows of a run's samples table for `params` (the live page refreshes them)."""
+    detail = await catalog.get_eval_run(run_id)
+    page = await catalog.list_samples(run_id, sample_query(params))
+    return str(_env().get_template("_macros.html").module.sample_rows(detail, page, links))  # type: ignore[attr-defined]
 
 
 async def sample_page(catalog: Catalog, links: Links, run_id: str, sample_id: str, params: Params) -> str:
