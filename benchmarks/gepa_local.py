@@ -171,6 +171,8 @@ def _chat(api_base: str, messages: list[dict[str, str]], max_tokens: int) -> str
 class ReferenceAdapter:
     """gepa 0.1.4's adapter protocol over the same llama.cpp server, 4 requests in flight."""
 
+    propose_new_texts: Any = None  # (gepa then reflects through reflection_lm)
+
     def __init__(self, api_base: str) -> None:
         self.api_base = api_base
         self.calls = 0
@@ -248,7 +250,9 @@ async def probe(prompts: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=int, default=40, help="metric calls for each optimizer")
-    parser.add_argument("--probe", action="store_true", help="only score the seed and a hand-written prompt (train rows)")
+    parser.add_argument(
+        "--probe", action="store_true", help="only score the seed and a hand-written prompt (train rows)"
+    )
     parser.add_argument("--skip-reference", action="store_true")
     args = parser.parse_args()
     train, val, heldout = split_rows("train"), split_rows("val"), split_rows("heldout")
@@ -263,7 +267,9 @@ def main() -> None:
     best = ours.best_candidate["system_prompt"]
     seed_h = trio.run(heldout_score, SEED_PROMPT, heldout)
     best_h = trio.run(heldout_score, best, heldout)
-    print(f"ours: {ours.summary()}\n  best prompt: {best!r}\n  held-out seed {seed_h:.3f} best {best_h:.3f}", flush=True)
+    print(
+        f"ours: {ours.summary()}\n  best prompt: {best!r}\n  held-out seed {seed_h:.3f} best {best_h:.3f}", flush=True
+    )
     figures: dict[str, Any] = {
         "heldout_seed": round(seed_h, 3),
         "heldout_best": round(best_h, 3),
