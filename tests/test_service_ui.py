@@ -460,3 +460,30 @@ async def test_a_form_over_the_limit_is_refused_by_the_one_body_reader(ui: Ui) -
     headers = {"content-type": "application/x-www-form-urlencoded"}
     r = await ui.client.post("/ui/gepa-jobs", content=streamed(), headers=headers)
     assert r.status_code == 413 and f"the form is over {MAX_FORM_BYTES} bytes" in r.text
+
+
+async def test_a_copied_cookie_stops_working_after_sign_out(ui: Ui) -> None:
+    """The cookie held the raw long-lived API token, so a copied cookie still worked after
+    sign-out: it now holds a server-side session id, ended by sign-out, expiring, and ended by
+    revoking its token."""
+    from rollouts.service import ui_sessions
+
+    d = ui.data
+    r = await ui.login(d.token_a)
+    cookie = ui.client.cookies[COOKIE]
+    assert cookie.startswith("rus_") and d.token_a not in r.headers["set-cookie"]
+    assert "max-age" in r.headers["set-cookie"].lower()
+    copied = {"cookie": f"{COOKIE}={cookie}"}
+    async with httpx2.AsyncClient(base_url=ui.client.base_url, timeout=30) as thief:
+        assert (await thief.get("/ui/batches", headers=copied)).status_code == 200
+        page = (await ui.client.get("/ui/batches")).text
+        assert (await ui.client.post("/ui/logout", data={"csrf": _csrf(page)})).status_code == 303
+        r = await thief.get("/ui/batches", headers=copied)
+        assert (r.status_code, r.headers["location"]) == (303, "/ui/login")
+        assert (await thief.get("/ui/api/evals", headers=copied)).status_code == 401
+        # an expired session, and the raw token as a cookie, are refused too
+        started = await ui.store.call(ui_sessions.start_session, d.token_a, -1.0)
+        assert started is not None
+        assert (await thief.get("/ui/batches", headers={"cookie": f"{COOKIE}={started[0]}"})).status_code == 303
+        assert (await thief.get("/ui/batches", headers={"cookie": f"{COOKIE}={d.token_a}"})).status_code == 303
+    assert await ui.store.call(ui_sessions.start_session, "rlt_unknown") is None

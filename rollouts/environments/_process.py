@@ -7,6 +7,7 @@ when the command ends, at the timeout and on cancellation."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -77,6 +78,38 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+def _open_sandbox_init(info: bytes) -> int | None:
+    """A pidfd of the init process bwrap's `--info-fd` names (checked to be a bwrap process, so a
+    pid reused after a very short command ends is never touched); None if it is gone."""
+    try:
+        pid = int(json.loads(info)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            if f.read().strip() == b"bwrap":
+                return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _kill_sandbox_init(holder: list[int]) -> None:
+    """SIGKILL bwrap's init through its pidfd (ending its PID namespace), once."""
+    fd = holder.pop()
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+    finally:
+        os.close(fd)
+
+
 def _terminate(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGTERM)
@@ -93,6 +126,7 @@ async def run_command(
     env: Mapping[str, str] | None = None,
     stop: trio.Event | None = None,
     cgroups: Sequence[str] = (),
+    bwrap: bool = False,
 ) -> CommandResult:
     """Run `argv` in `cwd` in a new session, under the supervisor (see the module docstring).
 
@@ -104,13 +138,24 @@ async def run_command(
 
     `stop`: when set, the command is killed as at the timeout (`CommandResult.stopped`).
     `cgroups`: cgroup directories the supervisor joins before it starts the command, so the
-    command and everything it starts count against their limits (e.g. `pids.max`)."""
+    command and everything it starts count against their limits (e.g. `pids.max`).
+    `bwrap=True`: `argv` is a bubblewrap command line with a PID namespace, run without the
+    supervisor (whose start costs more than bwrap's): bwrap reports its sandbox's init process
+    (`--info-fd`), and when the command ends, times out or is cancelled that init is killed,
+    which kills every process left in the namespace, however detached."""
     assert timeout_s > 0 and max_output_bytes > 0
     assert sys.executable, "the supervisor runs with this Python"
     pid_read, pid_write = os.pipe()
+    if not bwrap:
+        full = [sys.executable, "-I", "-S", _REAPER, str(pid_write), *(f"--cgroup={c}" for c in cgroups), "--", *argv]
+    else:
+        full = [argv[0], "--info-fd", str(pid_write), *argv[1:]]
+        if cgroups:  # joined before bwrap starts, so nothing the command forks escapes the limit
+            joins = "".join(f'echo $$ > "{os.path.join(c, "cgroup.procs")}" && ' for c in cgroups)
+            full = ["/bin/sh", "-c", joins + 'exec "$@"', "sh", *full]
     try:
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-I", "-S", _REAPER, str(pid_write), *(f"--cgroup={c}" for c in cgroups), "--", *argv],
+            full,
             cwd=cwd,
             env=dict(env) if env is not None else None,
             stdin=subprocess.DEVNULL,
@@ -140,16 +185,32 @@ async def run_command(
                 return
             buf.feed(chunk)
 
+    sandbox_init: list[int] = []  # a pidfd of bwrap's init, once known
+    pid_read_done = trio.Event()
+
     async def _read_pid() -> None:
-        while len(command_pid) < 32:  # "<pid>\n", then EOF
-            chunk = await pid_stream.receive_some(32)
+        while len(command_pid) < 4096:  # "<pid>\n" from the supervisor, JSON from bwrap; then EOF
+            chunk = await pid_stream.receive_some(4096)
             if not chunk:
-                return
+                break
             command_pid.extend(chunk)
+        if bwrap:
+            init = _open_sandbox_init(bytes(command_pid))
+            if init is not None:
+                sandbox_init.append(init)
+        pid_read_done.set()
 
     async def _stop_supervisor() -> None:
         """SIGTERM to the supervisor (it kills everything below it), then, if it has not
         exited in time, SIGKILL to its group as a backstop."""
+        if bwrap:
+            if proc.returncode is None:
+                _kill_group(pgid)
+            with trio.move_on_after(_REAP_TIMEOUT_S):  # bwrap closes its info fd as it starts the command
+                await pid_read_done.wait()
+            if sandbox_init:
+                _kill_sandbox_init(sandbox_init)
+            return
         if proc.returncode is None:
             _terminate(proc.pid)
             with trio.move_on_after(_REAP_TIMEOUT_S):
@@ -197,6 +258,8 @@ async def run_command(
             await proc.stdout.aclose()
             await pid_stream.aclose()
     text = command_pid.decode("ascii", "replace").strip()
+    if bwrap:
+        text = str(proc.pid)
     return CommandResult(
         output=buf.text(),
         exit_code=proc.returncode,

@@ -222,11 +222,18 @@ async def _run_watched(
     env: Mapping[str, str],
     limits: SandboxLimits,
     cgroups: Sequence[str] = (),
+    bwrap: bool = False,
 ) -> CommandResult:
     """`run_command` with the workspace's growth watched (see `_sandbox_limits.watch_disk`)."""
     if limits.disk_bytes is None:
         return await run_command(
-            argv, cwd=workspace, timeout_s=timeout_s, max_output_bytes=max_output_bytes, env=env, cgroups=cgroups
+            argv,
+            cwd=workspace,
+            timeout_s=timeout_s,
+            max_output_bytes=max_output_bytes,
+            env=env,
+            cgroups=cgroups,
+            bwrap=bwrap,
         )
     baseline = await trio.to_thread.run_sync(disk_usage, workspace, abandon_on_cancel=True)
     stop = trio.Event()
@@ -241,6 +248,7 @@ async def _run_watched(
             env=env,
             stop=stop,
             cgroups=cgroups,
+            bwrap=bwrap,
         )
         nursery.cancel_scope.cancel()
     if r.stopped and why:
@@ -285,7 +293,10 @@ class BubblewrapSandbox:
 
     def argv(self, command: Sequence[str], workspace: str) -> list[str]:
         """The full `bwrap ... prlimit ... -- command` line for `command` in `workspace`."""
-        a = [shutil.which(self.bwrap) or self.bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
+        # No --die-with-parent: it fires when the *thread* that started bwrap ends, and trio
+        # starts processes from worker threads that retire. `run_command(bwrap=True)` kills the
+        # sandbox's init instead, and the PID namespace takes every process with it.
+        a = [shutil.which(self.bwrap) or self.bwrap, "--unshare-all", "--new-session"]
         a += ["--cap-drop", "ALL", "--hostname", "sandbox"]
         if self.allow_network:
             a.append("--share-net")
@@ -323,6 +334,7 @@ class BubblewrapSandbox:
                 env={**env, "HOME": _SANDBOX_HOME},
                 limits=self.limits,
                 cgroups=(group,) if group else (),
+                bwrap=True,  # no supervisor: the PID namespace ends every process with bwrap's init
             )
 
 

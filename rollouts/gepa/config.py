@@ -42,6 +42,14 @@ class GEPAConfig:
     max_reflection_failures: stop after this many failed reflections in a row.
     stoppers: extra stop conditions (see rollouts.gepa.stoppers).
     timeout_s: a hard deadline: iterations in flight are cancelled and the best so far returned.
+    cache_evaluations: answer an evaluation of a (candidate, row) already evaluated from the
+        evaluation cache (kept in run_dir/evaluations.jsonl) at no metric call (see
+        rollouts.gepa.cache). False evaluates every time (with a model that is not deterministic,
+        each repeat is a new sample).
+    max_idle_iterations: stop (reason "no_new_evaluations") after this many iterations in a row
+        that made no metric call: every evaluation was answered by the cache, so repeating them
+        cannot teach anything new (without this, a run whose candidates are perfect on every
+        cached minibatch would never use up its budget).
     """
 
     max_metric_calls: int | None = None
@@ -61,6 +69,8 @@ class GEPAConfig:
     max_reflection_failures: int = 5
     stoppers: tuple[Stopper, ...] = ()
     timeout_s: float | None = None
+    cache_evaluations: bool = True
+    max_idle_iterations: int = 20
 
     def __post_init__(self) -> None:
         if self.max_metric_calls is not None and self.max_metric_calls < 0:
@@ -73,6 +83,8 @@ class GEPAConfig:
             raise ConfigurationError("merge_subsample_size must be >= 1 and max_merge_invocations >= 0")
         if self.max_reflection_failures < 1:
             raise ConfigurationError(f"max_reflection_failures must be >= 1, got {self.max_reflection_failures}")
+        if self.max_idle_iterations < 1:
+            raise ConfigurationError(f"max_idle_iterations must be >= 1, got {self.max_idle_iterations}")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ConfigurationError(f"timeout_s must be > 0, got {self.timeout_s}")
         check_prompt_template(self.reflection_prompt)
@@ -92,6 +104,8 @@ class GEPAConfig:
             "speculative": self.speculative,
             "proposals_in_flight": self.proposals_in_flight,
             "seed": self.seed,
+            # (only when off: a run directory made before the cache existed resumes with it on)
+            **({} if self.cache_evaluations else {"cache_evaluations": False}),
         }
 
 

@@ -27,6 +27,8 @@ several iterations overlap instead, each planned without the results of the prev
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import time
 from collections import deque
@@ -41,12 +43,20 @@ from rollouts import tracing as _tracing
 from rollouts._dirlock import DirectoryLock
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ConfigurationError
-from rollouts.gepa.adapter import Candidate, EvaluationBatch, GEPAAdapter
+from rollouts.gepa.adapter import Candidate, GEPAAdapter
 from rollouts.gepa.budget import Budget
+from rollouts.gepa.cache import CACHE_FILE, CachedEvaluation, EvaluationCache
 from rollouts.gepa.checkpoint import REFLECTIONS_FILE, load_state, save_state
 from rollouts.gepa.config import GEPAConfig
 from rollouts.gepa.events import GEPACallback, GEPAEvent, emit_event
-from rollouts.gepa.proposers import ProposalOutcome, Proposer, ReflectionJournal, merge_subsample, plan_merge
+from rollouts.gepa.proposers import (
+    ProposalOutcome,
+    Proposer,
+    ReflectionJournal,
+    merge_subsample,
+    parent_eval_id,
+    plan_merge,
+)
 from rollouts.gepa.result import CandidateRecord, GEPAResult, IterationRecord
 from rollouts.gepa.selectors import EpochShuffledBatchSampler, candidate_selector, component_selector
 from rollouts.gepa.state import Carry, GEPAState, ProposalSpec
@@ -110,6 +120,17 @@ class GEPAEngine:
         self.sampler = EpochShuffledBatchSampler(config.reflection_minibatch_size)
         self.fingerprint = {**config.fingerprint(), **(data_fingerprint or {}), "seed_candidate": self.seed_candidate}
         self.journal = ReflectionJournal(self.run_dir / REFLECTIONS_FILE if self.run_dir else None)
+        self.cache = EvaluationCache(
+            self.run_dir / CACHE_FILE if self.run_dir else None,
+            scoring=_scoring_fingerprint(adapter, data_fingerprint or {}),
+            window=config.proposals_in_flight,
+            enabled=config.cache_evaluations,
+            encode=getattr(adapter, "encode_trajectory", None),
+            decode=getattr(adapter, "decode_trajectory", None),
+        )
+        self._eval_counts: dict[str, tuple[int, int]] = {}
+        self._held: dict[int, list[GEPAEvent]] = {}  # a speculative iteration's events, until it is resolved
+        self._release: tuple[int, GEPAEvent | None] | None = None
         self.proposer = Proposer(
             adapter,
             self.trainset,
@@ -117,6 +138,7 @@ class GEPAEngine:
             reflection_endpoint=reflection_endpoint,
             reflection_prompt=config.reflection_prompt,
             journal=self.journal,
+            cache=self.cache,
             skip_perfect_score=config.skip_perfect_score,
             perfect_score=config.perfect_score,
             on_evaluation=self._on_evaluation,
@@ -131,12 +153,10 @@ class GEPAEngine:
 
     # ---- events -------------------------------------------------------------------------------
 
-    async def _emit(self, kind: Any, message: str = "", *, iteration: int | None = None, **data: Any) -> None:
-        if not self.callbacks:
-            return
+    def _event(self, kind: Any, message: str, iteration: int | None, data: dict[str, Any]) -> GEPAEvent:
         s = self.state
         has = bool(s.candidates)
-        event = GEPAEvent(
+        return GEPAEvent(
             kind=kind,
             iteration=s.iteration if iteration is None else iteration,
             metric_calls=s.budget.shown,
@@ -147,14 +167,52 @@ class GEPAEngine:
             message=message,
             data=data,
         )
+
+    async def _emit(self, kind: Any, message: str = "", *, iteration: int | None = None, **data: Any) -> None:
+        if not self.callbacks:
+            return
+        event = self._event(kind, message, iteration, data)
+        held = self._held.get(event.iteration)
+        if held is not None and kind in ("evaluation", "reflection"):
+            held.append(event)  # (a speculative iteration's: told once the iteration it overlaps has ended)
+            return
         await emit_event(self.callbacks, event)
 
-    async def _on_evaluation(self, eval_id: str, n: int, batch: EvaluationBatch) -> None:
-        self.state.budget.finished(n)
-        await self._emit("evaluation", eval_id, eval_id=eval_id, n=n, scores=list(batch.scores))
+    async def _release_held(self) -> None:
+        """Tell the events of the speculative iteration just resolved: its start, what it did so
+        far and, when it was dropped, that it was. Called right after the event of what it
+        overlapped (`seed_evaluated`, `iteration_end`), so no two iterations are ever open at once
+        in the events (with proposals_in_flight=1) and each event falls between its own
+        iteration's start and end."""
+        if self._release is None:
+            return
+        iteration, closing = self._release
+        self._release = None
+        held = self._held.get(iteration, [])
+        while held:
+            await emit_event(self.callbacks, held.pop(0))
+        self._held.pop(iteration, None)  # (no await since the list was found empty: nothing is lost)
+        if closing is not None:
+            await emit_event(self.callbacks, closing)
+
+    async def _on_evaluation(self, eval_id: str, iteration: int, result: CachedEvaluation) -> None:
+        self.state.budget.finished(result.calls)
+        self._eval_counts[eval_id] = (result.calls, result.saved)
+        await self._emit(
+            "evaluation",
+            eval_id,
+            iteration=iteration,
+            eval_id=eval_id,
+            n=len(result.batch.scores),
+            calls=result.calls,
+            saved=result.saved,
+            scores=list(result.batch.scores),
+        )
 
     async def _on_reflection(self, iteration: int, component: str, old: str, new: str) -> None:
-        await self._emit("reflection", f"it {iteration}: new {component}", component=component, old=old, new=new)
+        await self._emit(
+            "reflection", f"it {iteration}: new {component}", iteration=iteration, component=component, old=old, new=new
+        )
 
     # ---- state --------------------------------------------------------------------------------
 
@@ -163,6 +221,8 @@ class GEPAEngine:
             self._init_state()
             return
         self._lock = DirectoryLock.acquire(self.run_dir, "GEPA run_dir")  # one writer (released by run())
+        self.journal.open()
+        self.cache.open()
         saved = load_state(self.run_dir)
         if saved is None:
             self._init_state()
@@ -183,6 +243,7 @@ class GEPAEngine:
                 "(max_metric_calls, --budget); its result so far is in result.json"
             )
         self.state = saved
+        self.cache.set_horizon(saved.cache_records)
 
     def _release_lock(self) -> None:
         if self._lock is not None:
@@ -206,6 +267,7 @@ class GEPAEngine:
             return
         self._saves += 1
         assert self._nursery is not None
+        self.state.cache_records = self.cache.count
         self._nursery.start_soon(self._save, self._saves, self.state.to_dict())
 
     async def _save(self, number: int, data: dict[str, Any]) -> None:
@@ -223,17 +285,28 @@ class GEPAEngine:
         self,
         candidate: Candidate,
         eval_id: str,
+        iteration: int,
         known: Mapping[int, float],
         known_obj: Mapping[int, Any],
         meanwhile: Callable[[], trio.Event | None] | None = None,
     ) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
-        """Scores on the validation instances not in `known`, cut to the budget left. The calls
-        are reserved first; then `meanwhile()` may start work that runs alongside (and return an
-        event to wait for before this evaluation starts)."""
+        """Scores on the validation instances not in `known`, cut to the budget left (instances
+        the cache answers cost nothing and are never cut). The calls are reserved first; then
+        `meanwhile()` may start work that runs alongside (and return an event to wait for before
+        this evaluation starts)."""
         s = self.state
-        todo = [k for k in range(len(self.valset)) if k not in known]
-        todo = todo[: s.budget.cut(len(todo))]
-        s.budget.reserve(len(todo))
+        left = s.budget.cut(len(self.valset))
+        todo: list[int] = []
+        costing = 0
+        for k in range(len(self.valset)):
+            if k in known:
+                continue
+            if self.cache.would_cost(candidate, self.valset[k], eval_id=eval_id, iteration=iteration):
+                if costing >= left:
+                    continue
+                costing += 1
+            todo.append(k)
+        s.budget.reserve(costing)
         first = meanwhile() if meanwhile is not None else None
         if first is not None:
             # The iteration started early evaluates its parent on the minibatch first (a few
@@ -242,14 +315,18 @@ class GEPAEngine:
             # behind a whole validation set.
             await first.wait()
         scores, objectives = dict(known), {k: dict(v) for k, v in known_obj.items()}
+        used = 0
         if todo:
-            batch = await self.proposer.evaluate(
-                [self.valset[k] for k in todo], candidate, capture=False, eval_id=eval_id
+            evaluated = await self.proposer.evaluate(
+                [self.valset[k] for k in todo], candidate, capture=False, eval_id=eval_id, iteration=iteration
             )
+            batch = evaluated.batch
             scores.update((k, float(x)) for k, x in zip(todo, batch.scores, strict=True))
             if batch.objective_scores is not None:
                 objectives.update((k, dict(o)) for k, o in zip(todo, batch.objective_scores, strict=True))
-        s.budget.settle(reserved=len(todo), used=len(todo))
+            used = evaluated.calls
+            s.calls_saved += evaluated.saved
+        s.budget.settle(reserved=costing, used=used)
         return scores, objectives
 
     async def _evaluate_seed(self) -> str:
@@ -260,7 +337,7 @@ class GEPAEngine:
             speculation = self._speculate(0, self.seed_candidate, ())
             return speculation[1].parent_done if speculation is not None else None
 
-        scores, objectives = await self._evaluate_val(self.seed_candidate, "seed-val", {}, {}, meanwhile)
+        scores, objectives = await self._evaluate_val(self.seed_candidate, "seed-val", 0, {}, {}, meanwhile)
         record = CandidateRecord(
             idx=0,
             components=dict(self.seed_candidate),
@@ -269,8 +346,10 @@ class GEPAEngine:
             valset_size=len(self.valset),
         )
         self.state.add_candidate(record)
-        await self._emit("seed_evaluated", score=record.val_score, complete=record.complete)
-        return await self._resolve(speculation, 0)
+        await self._emit("seed_evaluated", iteration=0, score=record.val_score, complete=record.complete)
+        note = await self._resolve(speculation, 0)
+        await self._release_held()
+        return note
 
     # ---- planning -----------------------------------------------------------------------------
 
@@ -290,6 +369,8 @@ class GEPAEngine:
     def _should_stop(self) -> str | None:
         if self.state.reflection_failures >= self.config.max_reflection_failures:
             return "reflection_failed"
+        if self.state.idle_iterations >= self.config.max_idle_iterations:
+            return "no_new_evaluations"
         snapshot = self._stopper_state()
         for stopper in self.config.stoppers:
             if stopper(snapshot):
@@ -369,6 +450,14 @@ class GEPAEngine:
             texts=dict(texts),
         )
         s.budget.reserve(need)
+        if self.callbacks:
+            start = self._event(
+                "iteration_start",
+                f"mutation of [{new_idx}] (started early: #{new_idx} is not confirmed as parent yet)",
+                spec.iteration,
+                {"spec": spec.to_dict(), "speculative": True},
+            )
+            self._held[spec.iteration] = [start]
         slot = _Slot(gate=trio.Event())
         assert self._nursery is not None
         self._nursery.start_soon(self._run_slot, spec, slot)
@@ -389,16 +478,25 @@ class GEPAEngine:
             self._inflight.append((spec, slot))
             assert slot.gate is not None
             slot.gate.set()
-            await self._emit("iteration_start", f"mutation of [{new_idx}] (started early)", spec=spec.to_dict())
+            self._release = (spec.iteration, None)
             return ""
         await slot.parent_done.wait()
         slot.scope.cancel()
         await slot.done.wait()
-        n = len(spec.instances)
+        n, saved = self._eval_counts.pop(parent_eval_id(spec.iteration, new_idx), (len(spec.instances), 0))
         s.budget.settle(reserved=spec.reserved, used=n)
         s.speculation_calls += n
+        s.calls_saved += saved
         s.carry = Carry(parent, spec.instances)
         why = f"stopping ({stop})" if stop is not None else f"the selection chose #{parent}"
+        if self.callbacks:
+            dropped = self._event(
+                "iteration_dropped",
+                f"iteration {spec.iteration} started early on #{new_idx} was dropped ({why}: {n} calls spent)",
+                spec.iteration,
+                {"spec": spec.to_dict(), "reason": why, "calls": n, "chosen_parent": parent},
+            )
+            self._release = (spec.iteration, dropped)
         return f"; the iteration started early on #{new_idx} was dropped ({why}: {n} calls spent)"
 
     async def _run_slot(self, spec: ProposalSpec, slot: _Slot) -> None:
@@ -417,7 +515,9 @@ class GEPAEngine:
 
     async def _commit(self, spec: ProposalSpec, out: ProposalOutcome) -> None:
         s, cfg = self.state, self.config
+        spent_before = s.metric_calls
         s.budget.settle(reserved=spec.reserved, used=out.calls)
+        s.calls_saved += out.saved
         status, message, new_idx = out.status, out.message, None
         if status == "evaluated":
             assert out.child is not None
@@ -438,6 +538,7 @@ class GEPAEngine:
                 new_idx = len(s.candidates)
                 message = await self._accept(spec, out, new_idx, f"{what} on {len(spec.instances)}: {score_text}")
         s.reflection_failures = s.reflection_failures + 1 if status == "reflection_failed" else 0
+        s.idle_iterations = s.idle_iterations + 1 if s.metric_calls == spent_before else 0
         record = IterationRecord(
             iteration=spec.iteration,
             kind="merge" if spec.kind == "merge" else "mutation",
@@ -454,6 +555,7 @@ class GEPAEngine:
         s.history.append(record)
         s.pending = [p for p in s.pending if p.iteration != spec.iteration]
         await self._emit("iteration_end", message, iteration=spec.iteration, record=record)
+        await self._release_held()
 
     async def _accept(self, spec: ProposalSpec, out: ProposalOutcome, new_idx: int, what: str) -> str:
         """Evaluate an accepted child on the validation set, add it, and say so."""
@@ -478,7 +580,7 @@ class GEPAEngine:
             return speculation[1].parent_done if speculation is not None else None
 
         eval_id = f"it{spec.iteration:04d}-val-c{new_idx}"
-        scores, objectives = await self._evaluate_val(child, eval_id, known, known_obj, meanwhile)
+        scores, objectives = await self._evaluate_val(child, eval_id, spec.iteration, known, known_obj, meanwhile)
         base = s.candidates[parents[0]].components
         previous_best = s.best_score
         s.add_candidate(
@@ -497,7 +599,9 @@ class GEPAEngine:
         record = s.candidates[new_idx]
         if s.best_idx == new_idx and record.val_score > previous_best:
             s.last_improvement = spec.iteration
-            await self._emit("new_best", f"#{new_idx} {record.val_score:.3f}", candidate=new_idx)
+            await self._emit(
+                "new_best", f"#{new_idx} {record.val_score:.3f}", iteration=spec.iteration, candidate=new_idx
+            )
         cut = "" if record.complete else f" (on {len(scores)}/{len(self.valset)}: the budget ran out)"
         note = await self._resolve(speculation, new_idx)
         return f"{what} accepted as #{new_idx}, valset {record.val_score:.3f}{cut}{note}"
@@ -570,6 +674,7 @@ class GEPAEngine:
                 stop = "timeout" if trio.current_time() >= scope.deadline else "cancelled"
         finally:
             self.journal.close()
+            self.cache.close()
             self._release_lock()
         if not self.state.candidates:  # cancelled before the seed was evaluated
             self.state.add_candidate(CandidateRecord(0, dict(self.seed_candidate), valset_size=len(self.valset)))
@@ -584,6 +689,19 @@ def _clear_stale(stopper: Any) -> str | None:
     """A stopper's `clear_stale()` (FileStopper: remove a stop file an earlier run left), if any."""
     clear = getattr(stopper, "clear_stale", None)
     return clear() if callable(clear) else None
+
+
+def _scoring_fingerprint(adapter: Any, data_fingerprint: Mapping[str, Any]) -> str:
+    """What decides a score besides the candidate and the row: the task's fingerprint (endpoint,
+    environment, max_turns, score function) for a RolloutsAdapter, an adapter's own
+    `scoring_fingerprint` when it has one, and the adapter's type."""
+    parts = {k: v for k, v in data_fingerprint.items() if k.startswith("task.")}
+    parts["adapter"] = f"{type(adapter).__module__}.{type(adapter).__qualname__}"
+    own = getattr(adapter, "scoring_fingerprint", None)
+    if own is not None:
+        parts["own"] = own() if callable(own) else own
+    text = json.dumps(parts, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _mean(xs: Sequence[float]) -> float:

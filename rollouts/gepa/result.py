@@ -163,10 +163,12 @@ class GEPAResult:
     best_idx: the best candidate (see `best_index`). metric_calls: evaluations of one
     instance used, never more than `max_metric_calls`. stop_reason: why the run ended
     ("budget", "max_iterations", "score_threshold", "no_improvement", "stop_file", "timeout",
-    "cancelled", "reflection_failed", ...). pareto_front: per validation instance, the
+    "cancelled", "reflection_failed", "no_new_evaluations", ...). pareto_front: per validation instance, the
     candidates with the best score on it. history: one record per iteration.
     speculation_calls: the part of `metric_calls` spent on iterations started early on a new
-    candidate and then dropped because the selection chose another parent."""
+    candidate and then dropped because the selection chose another parent.
+    calls_saved_by_cache: evaluations of one instance answered by the evaluation cache (a
+    candidate already evaluated on that row): not made, not counted in `metric_calls`."""
 
     candidates: tuple[CandidateRecord, ...]
     best_idx: int
@@ -180,6 +182,7 @@ class GEPAResult:
     seed: int = 0
     run_dir: str | None = None
     speculation_calls: int = 0
+    calls_saved_by_cache: int = 0
 
     @property
     def best(self) -> CandidateRecord:
@@ -238,7 +241,8 @@ class GEPAResult:
         """A few lines for a terminal."""
         lines = [
             f"GEPA: {len(self.candidates)} candidates in {self.iterations} iterations, "
-            f"{self.metric_calls}/{self.max_metric_calls if self.max_metric_calls is not None else '-'} metric calls, "
+            f"{self.metric_calls}/{self.max_metric_calls if self.max_metric_calls is not None else '-'} metric calls "
+            f"({self.calls_saved_by_cache} saved by the cache), "
             f"stopped: {self.stop_reason}",
             f"seed score {self.seed_score:.4f} -> best {self.best_score:.4f} (candidate {self.best_idx}, "
             f"lineage {' -> '.join(map(str, self.lineage()))})",
@@ -258,6 +262,7 @@ class GEPAResult:
             "seed": self.seed,
             "run_dir": self.run_dir,
             "speculation_calls": self.speculation_calls,
+            "calls_saved_by_cache": self.calls_saved_by_cache,
             "candidates": [c.to_dict() for c in self.candidates],
             "pareto_front": [list(f) for f in self.pareto_front],
             "history": [h.to_dict() for h in self.history],
@@ -278,6 +283,7 @@ class GEPAResult:
             seed=d.get("seed", 0),
             run_dir=d.get("run_dir"),
             speculation_calls=d.get("speculation_calls", 0),
+            calls_saved_by_cache=d.get("calls_saved_by_cache", 0),
         )
 
     def to_json(self, indent: int | None = None) -> str:

@@ -118,9 +118,12 @@ class GEPAState:
     last_found_new: bool = False
     last_improvement: int = 0  # the iteration that last raised the best score
     reflection_failures: int = 0  # consecutive
+    idle_iterations: int = 0  # consecutive iterations that made no metric call
     pending: list[ProposalSpec] = field(default_factory=list)
     carry: Carry | None = None  # parent and minibatch chosen for the next iteration
     speculation_calls: int = 0  # calls spent on speculative iterations that were dropped
+    calls_saved: int = 0  # evaluations the cache answered (committed work only, like `budget.spent`)
+    cache_records: int = 0  # the evaluation cache's records covered by this state (set when saved)
     fingerprint: dict[str, Any] = field(default_factory=dict)
     front: ParetoFront = field(init=False)
 
@@ -200,6 +203,7 @@ class GEPAState:
             seed=self.seed,
             run_dir=run_dir,
             speculation_calls=self.speculation_calls,
+            calls_saved_by_cache=self.calls_saved,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -222,9 +226,12 @@ class GEPAState:
             "last_found_new": self.last_found_new,
             "last_improvement": self.last_improvement,
             "reflection_failures": self.reflection_failures,
+            "idle_iterations": self.idle_iterations,
             "pending": [p.to_dict() for p in self.pending],
             "carry": self.carry.to_dict() if self.carry is not None else None,
             "speculation_calls": self.speculation_calls,
+            "calls_saved": self.calls_saved,
+            "cache_records": self.cache_records,
         }
 
     @classmethod
@@ -249,8 +256,11 @@ class GEPAState:
             last_found_new=d["last_found_new"],
             last_improvement=d["last_improvement"],
             reflection_failures=d["reflection_failures"],
+            idle_iterations=d.get("idle_iterations", 0),
             pending=[ProposalSpec.from_dict(p) for p in d["pending"]],
             carry=Carry.from_dict(d.get("carry")),
             speculation_calls=d.get("speculation_calls", 0),
+            calls_saved=d.get("calls_saved", 0),
+            cache_records=d.get("cache_records", 0),
             fingerprint=dict(d["fingerprint"]),
         )
