@@ -431,6 +431,8 @@ def _final_status(state: AgentState) -> SessionStatus:
         return SessionStatus.MAX_TURNS
     if state.stop == StopReason.BUDGET_EXCEEDED:
         return SessionStatus.BUDGET_EXCEEDED
+    if state.stop == StopReason.NO_TOOL_CALLED and state.actor.tools:
+        return SessionStatus.NO_TOOL_CALLED  # it had tools to finish with and answered in text instead
     return SessionStatus.COMPLETED
 
 

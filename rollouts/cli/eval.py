@@ -45,6 +45,7 @@ from rollouts.cli.tasks import (
 )
 from rollouts.datasets import BuiltinDataset, builtin_dataset, builtin_dataset_names
 from rollouts.errors import ConfigurationError
+from rollouts.eval.summary import finished_count, unfinished_text
 
 if TYPE_CHECKING:  # (the CLI imports the library lazily, for start-up time)
     from rollouts.eval.config import Dataset, EvalConfig
@@ -197,7 +198,8 @@ def summary_text(report: EvalReport) -> str:
     c = s["counts"]
     head = (
         f"{report.eval_name}: {c['total']} samples [{report.status}] in {report.duration_s:.1f}s "
-        f"(completed {c['completed']}, failed {c['failed']}, provider errors {c['provider_error']}, "
+        f"(completed {finished_count(s)}{unfinished_text(s)}, failed {c['failed']}, "
+        f"provider errors {c['provider_error']}, "
         f"reused {report.reused}" + (f", rescored {report.rescored}" if report.rescored else "") + ")"
     )
     rows = [["metric", "mean", "min", "max", "std"]]

@@ -62,6 +62,18 @@ def _needs_positional(fn: Callable[..., Any]) -> bool:
     )
 
 
+_LIMIT_STOPS = (StopReason.MAX_TURNS, StopReason.BUDGET_EXCEEDED, StopReason.CONTEXT_TOO_LONG)
+
+
+def unfinished_stop(state: AgentState) -> str | None:
+    """The stop reason if the run ended before its task did: a limit, or a text answer from a
+    model that had tools to finish with (`no_tool_called`; without tools a text answer is the
+    result). The eval table counts such samples apart from finished ones."""
+    if state.stop in _LIMIT_STOPS or (state.stop == StopReason.NO_TOOL_CALLED and state.actor.tools):
+        return state.stop.value if state.stop is not None else None
+    return None
+
+
 def error_text(stage: str, e: BaseException) -> str:
     return f"{stage}: {type(e).__name__}: {e}"
 
@@ -126,6 +138,9 @@ class _Run:
             last = states[-1]
             meta["turns"] = last.turn_idx
             meta["usage"] = last.actor.trajectory.total_usage().to_dict()
+            early = unfinished_stop(last)
+            if early is not None:
+                meta["unfinished"] = early
         return meta
 
     def failed(

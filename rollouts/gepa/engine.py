@@ -129,6 +129,8 @@ class GEPAEngine:
             decode=getattr(adapter, "decode_trajectory", None),
         )
         self._eval_counts: dict[str, tuple[int, int]] = {}
+        self._held: dict[int, list[GEPAEvent]] = {}  # a speculative iteration's events, until it is resolved
+        self._release: tuple[int, GEPAEvent | None] | None = None
         self.proposer = Proposer(
             adapter,
             self.trainset,
@@ -151,12 +153,10 @@ class GEPAEngine:
 
     # ---- events -------------------------------------------------------------------------------
 
-    async def _emit(self, kind: Any, message: str = "", *, iteration: int | None = None, **data: Any) -> None:
-        if not self.callbacks:
-            return
+    def _event(self, kind: Any, message: str, iteration: int | None, data: dict[str, Any]) -> GEPAEvent:
         s = self.state
         has = bool(s.candidates)
-        event = GEPAEvent(
+        return GEPAEvent(
             kind=kind,
             iteration=s.iteration if iteration is None else iteration,
             metric_calls=s.budget.shown,
@@ -167,14 +167,41 @@ class GEPAEngine:
             message=message,
             data=data,
         )
+
+    async def _emit(self, kind: Any, message: str = "", *, iteration: int | None = None, **data: Any) -> None:
+        if not self.callbacks:
+            return
+        event = self._event(kind, message, iteration, data)
+        held = self._held.get(event.iteration)
+        if held is not None and kind in ("evaluation", "reflection"):
+            held.append(event)  # (a speculative iteration's: told once the iteration it overlaps has ended)
+            return
         await emit_event(self.callbacks, event)
 
-    async def _on_evaluation(self, eval_id: str, result: CachedEvaluation) -> None:
+    async def _release_held(self) -> None:
+        """Tell the events of the speculative iteration just resolved: its start, what it did so
+        far and, when it was dropped, that it was. Called right after the event of what it
+        overlapped (`seed_evaluated`, `iteration_end`), so no two iterations are ever open at once
+        in the events (with proposals_in_flight=1) and each event falls between its own
+        iteration's start and end."""
+        if self._release is None:
+            return
+        iteration, closing = self._release
+        self._release = None
+        held = self._held.get(iteration, [])
+        while held:
+            await emit_event(self.callbacks, held.pop(0))
+        self._held.pop(iteration, None)  # (no await since the list was found empty: nothing is lost)
+        if closing is not None:
+            await emit_event(self.callbacks, closing)
+
+    async def _on_evaluation(self, eval_id: str, iteration: int, result: CachedEvaluation) -> None:
         self.state.budget.finished(result.calls)
         self._eval_counts[eval_id] = (result.calls, result.saved)
         await self._emit(
             "evaluation",
             eval_id,
+            iteration=iteration,
             eval_id=eval_id,
             n=len(result.batch.scores),
             calls=result.calls,
@@ -183,7 +210,9 @@ class GEPAEngine:
         )
 
     async def _on_reflection(self, iteration: int, component: str, old: str, new: str) -> None:
-        await self._emit("reflection", f"it {iteration}: new {component}", component=component, old=old, new=new)
+        await self._emit(
+            "reflection", f"it {iteration}: new {component}", iteration=iteration, component=component, old=old, new=new
+        )
 
     # ---- state --------------------------------------------------------------------------------
 
@@ -317,8 +346,10 @@ class GEPAEngine:
             valset_size=len(self.valset),
         )
         self.state.add_candidate(record)
-        await self._emit("seed_evaluated", score=record.val_score, complete=record.complete)
-        return await self._resolve(speculation, 0)
+        await self._emit("seed_evaluated", iteration=0, score=record.val_score, complete=record.complete)
+        note = await self._resolve(speculation, 0)
+        await self._release_held()
+        return note
 
     # ---- planning -----------------------------------------------------------------------------
 
@@ -419,6 +450,14 @@ class GEPAEngine:
             texts=dict(texts),
         )
         s.budget.reserve(need)
+        if self.callbacks:
+            start = self._event(
+                "iteration_start",
+                f"mutation of [{new_idx}] (started early: #{new_idx} is not confirmed as parent yet)",
+                spec.iteration,
+                {"spec": spec.to_dict(), "speculative": True},
+            )
+            self._held[spec.iteration] = [start]
         slot = _Slot(gate=trio.Event())
         assert self._nursery is not None
         self._nursery.start_soon(self._run_slot, spec, slot)
@@ -439,7 +478,7 @@ class GEPAEngine:
             self._inflight.append((spec, slot))
             assert slot.gate is not None
             slot.gate.set()
-            await self._emit("iteration_start", f"mutation of [{new_idx}] (started early)", spec=spec.to_dict())
+            self._release = (spec.iteration, None)
             return ""
         await slot.parent_done.wait()
         slot.scope.cancel()
@@ -450,6 +489,14 @@ class GEPAEngine:
         s.calls_saved += saved
         s.carry = Carry(parent, spec.instances)
         why = f"stopping ({stop})" if stop is not None else f"the selection chose #{parent}"
+        if self.callbacks:
+            dropped = self._event(
+                "iteration_dropped",
+                f"iteration {spec.iteration} started early on #{new_idx} was dropped ({why}: {n} calls spent)",
+                spec.iteration,
+                {"spec": spec.to_dict(), "reason": why, "calls": n, "chosen_parent": parent},
+            )
+            self._release = (spec.iteration, dropped)
         return f"; the iteration started early on #{new_idx} was dropped ({why}: {n} calls spent)"
 
     async def _run_slot(self, spec: ProposalSpec, slot: _Slot) -> None:
@@ -508,6 +555,7 @@ class GEPAEngine:
         s.history.append(record)
         s.pending = [p for p in s.pending if p.iteration != spec.iteration]
         await self._emit("iteration_end", message, iteration=spec.iteration, record=record)
+        await self._release_held()
 
     async def _accept(self, spec: ProposalSpec, out: ProposalOutcome, new_idx: int, what: str) -> str:
         """Evaluate an accepted child on the validation set, add it, and say so."""
@@ -551,7 +599,9 @@ class GEPAEngine:
         record = s.candidates[new_idx]
         if s.best_idx == new_idx and record.val_score > previous_best:
             s.last_improvement = spec.iteration
-            await self._emit("new_best", f"#{new_idx} {record.val_score:.3f}", candidate=new_idx)
+            await self._emit(
+                "new_best", f"#{new_idx} {record.val_score:.3f}", iteration=spec.iteration, candidate=new_idx
+            )
         cut = "" if record.complete else f" (on {len(scores)}/{len(self.valset)}: the budget ran out)"
         note = await self._resolve(speculation, new_idx)
         return f"{what} accepted as #{new_idx}, valset {record.val_score:.3f}{cut}{note}"

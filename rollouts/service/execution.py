@@ -22,6 +22,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rollouts.config import parse_model_spec
 from rollouts.dtypes import Endpoint, Message
 from rollouts.errors import AuthenticationError
 from rollouts.eval import scorers
@@ -36,6 +37,7 @@ __all__ = [
     "ENVIRONMENTS",
     "TaskOutcome",
     "TaskSetting",
+    "default_task_timeout_ms",
     "endpoint_from_spec",
     "resolve_environment",
     "resolve_score",
@@ -102,6 +104,27 @@ def resolve_environment(ref: str | None, policy: ServicePolicy | None = None) ->
     if not callable(cls):
         raise ValueError(f"environment {ref!r} is not a class or factory")
     return cls  # type: ignore[no-any-return]
+
+
+# Providers whose models run on this machine's CPU (or a self-hosted GPU server): a task of a few
+# turns takes minutes there, not the seconds a hosted API takes.
+_SLOW_PROVIDERS = frozenset({"local", "llamacpp", "transformers"})
+HOSTED_TASK_TIMEOUT_MS = 30_000
+LOCAL_TASK_TIMEOUT_MS = 600_000
+
+
+def default_task_timeout_ms(endpoint_spec: Mapping[str, Any]) -> int:
+    """A batch's or GEPA job's `timeout_per_task_ms` when the request gives none: 30 s for a
+    hosted model, 10 minutes for one that runs locally (the embedded model, llama.cpp,
+    transformers), which at 30 s timed out every task and scored 0."""
+    model = str(endpoint_spec.get("model", ""))
+    provider = str(endpoint_spec.get("provider") or "")
+    if not provider:
+        try:
+            provider = parse_model_spec(model, api_base=str(endpoint_spec.get("api_base") or ""))[0]
+        except ValueError:
+            provider = ""
+    return LOCAL_TASK_TIMEOUT_MS if provider in _SLOW_PROVIDERS else HOSTED_TASK_TIMEOUT_MS
 
 
 def endpoint_from_spec(
