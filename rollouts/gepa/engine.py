@@ -519,6 +519,7 @@ class GEPAEngine:
         s.budget.settle(reserved=spec.reserved, used=out.calls)
         s.calls_saved += out.saved
         status, message, new_idx = out.status, out.message, None
+        proposed: dict[str, str] = {}
         if status == "evaluated":
             assert out.child is not None
             accepted = (
@@ -531,6 +532,8 @@ class GEPAEngine:
             score_text = f"{_mean(out.parent_scores):.2f} -> {_mean(out.child_scores):.2f}"
             if not accepted:
                 status, message = "rejected", f"{what} on {len(spec.instances)}: {score_text} rejected"
+                base = s.candidates[spec.parents[0]].components
+                proposed = {n: t for n, t in out.child.items() if t != base.get(n)}
             elif duplicate is not None:
                 status, message = "unchanged", f"{what}: the child equals candidate #{duplicate}"
             else:
@@ -551,6 +554,7 @@ class GEPAEngine:
             new_candidate=new_idx,
             metric_calls=s.metric_calls,
             message=message,
+            proposed=proposed,
         )
         s.history.append(record)
         s.pending = [p for p in s.pending if p.iteration != spec.iteration]

@@ -102,7 +102,9 @@ class IterationRecord:
     instances: the training instances of the minibatch (mutation) or the validation instances
     of the screening evaluation (merge). components: the components rewritten.
     parent_scores / child_scores: scores on those instances. new_candidate: the index it got
-    when accepted. metric_calls: the total used after this iteration. message: why, in words."""
+    when accepted. metric_calls: the total used after this iteration. message: why, in words.
+    proposed: for a rejected proposal, the texts it proposed (component name -> text, the
+    components it changed), so what was tried is not lost."""
 
     iteration: int
     kind: Literal["mutation", "merge"]
@@ -115,6 +117,7 @@ class IterationRecord:
     new_candidate: int | None = None
     metric_calls: int = 0
     message: str = ""
+    proposed: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,6 +132,7 @@ class IterationRecord:
             "new_candidate": self.new_candidate,
             "metric_calls": self.metric_calls,
             "message": self.message,
+            "proposed": dict(self.proposed),
         }
 
     @classmethod
@@ -145,7 +149,15 @@ class IterationRecord:
             new_candidate=d.get("new_candidate"),
             metric_calls=d.get("metric_calls", 0),
             message=d.get("message", ""),
+            proposed=dict(d.get("proposed") or {}),
         )
+
+
+def _diff(a: str, b: str, from_name: str, to_name: str) -> str:
+    diff = difflib.unified_diff(
+        a.splitlines(keepends=True), b.splitlines(keepends=True), fromfile=from_name, tofile=to_name
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in diff)
 
 
 def best_index(candidates: Sequence[CandidateRecord]) -> int:
@@ -217,9 +229,17 @@ class GEPAResult:
             chain.append(parents[0])
         return chain[::-1]
 
+    @property
+    def rejected_proposals(self) -> tuple[IterationRecord, ...]:
+        """The iterations whose proposal was evaluated and rejected (each with its `proposed`
+        texts and minibatch scores): what was tried and not kept."""
+        return tuple(h for h in self.history if h.outcome == "rejected")
+
     def show_diff(self, idx: int | None = None, *, against: int = 0) -> str:
         """A unified diff, component by component, from candidate `against` (default: the seed)
-        to candidate `idx` (default: the best). Unchanged components are listed as such."""
+        to candidate `idx` (default: the best). Unchanged components are listed as such. When the
+        two are the same (no proposal was accepted), what was tried follows: every rejected
+        proposal with its minibatch scores and its diff against its parent."""
         new = self.candidates[self.best_idx if idx is None else idx]
         old = self.candidates[against]
         parts = []
@@ -228,14 +248,25 @@ class GEPAResult:
             if a == b:
                 parts.append(f"=== {name}: unchanged\n")
                 continue
-            diff = difflib.unified_diff(
-                a.splitlines(keepends=True),
-                b.splitlines(keepends=True),
-                fromfile=f"{name} (candidate {old.idx})",
-                tofile=f"{name} (candidate {new.idx})",
-            )
-            parts.append("".join(line if line.endswith("\n") else line + "\n" for line in diff))
+            parts.append(_diff(a, b, f"{name} (candidate {old.idx})", f"{name} (candidate {new.idx})"))
+        if new.idx == old.idx or new.components == old.components:
+            parts.append(self._tried())
         return "".join(parts)
+
+    def _tried(self) -> str:
+        tried = self.rejected_proposals
+        if not tried:
+            return "=== no proposal was evaluated and rejected\n"
+        lines = [f"=== no proposal was accepted; {len(tried)} tried and rejected:\n"]
+        for h in tried:
+            parent = self.candidates[h.parents[0]].components if h.parents else {}
+            scores = f"{sum(h.parent_scores):g} -> {sum(h.child_scores):g} on {len(h.instances)} rows"
+            lines.append(f"--- iteration {h.iteration} ({h.kind} of {list(h.parents)}): minibatch {scores}\n")
+            for name, text in sorted(h.proposed.items()):
+                lines.append(
+                    _diff(parent.get(name, ""), text, f"{name} (candidate {h.parents[0]})", f"{name} (proposed)")
+                )
+        return "".join(lines)
 
     def summary(self) -> str:
         """A few lines for a terminal."""
