@@ -750,6 +750,10 @@ class TagProvider(Provider):
                     return f"```\n{current}\n{_TAG.format(topic)}\n```"
             return f"```\n{current}\n```"
         self.calls[text] += 1
+        self.arrived(text).set()
+        gate = self.gates.get(text)
+        if gate is not None:
+            await gate.wait()
         system = messages[0]["content"] if messages[0]["role"] == "system" else ""
         topic = text.split("topic: ")[-1]
         return f"OK {topic}" if _TAG.format(topic) in system else "NO"

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from rollouts.service import accounts, gepa_routes, queue
+from rollouts.service.execution import default_task_timeout_ms
 from rollouts.service.policy import PolicyError, ServicePolicy
 from rollouts.service.progress import BatchChanges
 from rollouts.service.requests import (
@@ -42,6 +43,7 @@ from rollouts.service.routing import (
     ApiLimits,
     Handler,
     JSONBody,
+    guarded_stream,
     iso,
     iso_times,
     ok,
@@ -161,7 +163,7 @@ async def create_batch(ctx: ApiContext, request: Request, ws: str) -> Response:
     tasks = parse_tasks(body, "tasks", ctx.limits.max_tasks)
     config = obj(body, "config") or {}
     parallelism = integer(config, "parallelism", prefix="config.", minimum=1, maximum=100_000) or 5
-    timeout_ms = integer(config, "timeout_per_task_ms", prefix="config.", minimum=1, maximum=86_400_000) or 30_000
+    timeout_ms = integer(config, "timeout_per_task_ms", prefix="config.", minimum=1, maximum=86_400_000)
     deadline = number(config, "deadline_s", prefix="config.", minimum=0.001, maximum=ctx.limits.max_deadline_s)
     model = string(config, "model", prefix="config.", max_len=200, non_empty=True)
     score = parse_score(config, prefix="config.", policy=ctx.policy)
@@ -175,6 +177,8 @@ async def create_batch(ctx: ApiContext, request: Request, ws: str) -> Response:
         if wanted is not None and await ctx.store.read(accounts.get_agent, ws, agent_id) is not None:
             raise not_found(f"version {wanted} of agent {agent_id}", "agent_version")
         raise not_found(f"agent {agent_id}", "agent_id")
+    if timeout_ms is None:  # (what the model needs: a local model takes minutes where an API takes seconds)
+        timeout_ms = default_task_timeout_ms({**version["endpoint"], **({"model": model} if model else {})})
     try:  # (the version's endpoint as this batch runs it: its model may be replaced)
         ctx.policy.check_endpoint(version["endpoint"], "endpoint", model)
     except PolicyError as e:
@@ -245,13 +249,19 @@ async def batch_events(ctx: ApiContext, request: Request, ws: str) -> Response:
 
     changes = ctx.changes
     return StreamingResponse(
-        progress_stream(
+        guarded_stream(
+            ctx,
+            request,
+            ws,
             poll,
-            lambda s: s["progress"]["pending"] == 0,
-            ctx.limits.sse_poll_s,
-            changes=(changes, bid) if changes is not None else None,
-            pending=lambda s: int(s["progress"]["pending"]),
-            finished=lambda: ctx.store.read(queue.batch_finished, bid),
+            lambda poll: progress_stream(
+                poll,
+                lambda s: s["progress"]["pending"] == 0,
+                ctx.limits.sse_poll_s,
+                changes=(changes, bid) if changes is not None else None,
+                pending=lambda s: int(s["progress"]["pending"]),
+                finished=lambda: ctx.store.read(queue.batch_finished, bid),
+            ),
         ),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache"},

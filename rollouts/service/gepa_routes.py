@@ -14,7 +14,7 @@ from starlette.responses import Response, StreamingResponse
 
 from rollouts.service import jobs
 from rollouts.service.requests import ApiError, not_found, read_json
-from rollouts.service.routing import ApiContext, iso_times, ok, progress_stream
+from rollouts.service.routing import ApiContext, guarded_stream, iso_times, ok, progress_stream
 
 if TYPE_CHECKING:
     from rollouts.service.gepa_jobs import GEPAJobs
@@ -65,7 +65,13 @@ async def job_events(ctx: ApiContext, request: Request, ws: str) -> Response:
         return iso_times(job) if job is not None else None
 
     return StreamingResponse(
-        progress_stream(poll, lambda j: j["status"] in _TERMINAL, ctx.limits.sse_poll_s * 2),
+        guarded_stream(
+            ctx,
+            request,
+            ws,
+            poll,
+            lambda poll: progress_stream(poll, lambda j: j["status"] in _TERMINAL, ctx.limits.sse_poll_s * 2),
+        ),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache"},
     )

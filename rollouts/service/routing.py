@@ -12,6 +12,7 @@ batches) and `rollouts.service.gepa_routes` (GEPA jobs); request bodies are chec
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from rollouts.service import accounts
 from rollouts.service.auth import bearer_token
 from rollouts.service.policy import ServicePolicy
 from rollouts.service.progress import BatchChanges
+from rollouts.service.ratelimit import AuthFailures
 from rollouts.service.requests import ApiError
 from rollouts.service.store import Store
 
@@ -39,6 +41,7 @@ __all__ = [
     "iso",
     "iso_times",
     "ok",
+    "guarded_stream",
     "progress_stream",
     "route",
     "sse",
@@ -52,13 +55,18 @@ _UNAUTHORIZED = {"error": {"code": "unauthorized", "message": "a valid bearer to
 class ApiLimits:
     """max_body_bytes: larger request bodies are 413. max_tasks: tasks per batch (and GEPA
     instances). default_deadline_s: a batch's deadline when its config gives none (the seed's
-    10-minute poll timeout). sse_poll_s: how often an event stream looks for progress."""
+    10-minute poll timeout). sse_poll_s: how often an event stream looks for progress. A client
+    address past its failed authentications is 429 (rollouts.service.ratelimit)."""
 
     max_body_bytes: int = 16 * 1024 * 1024
     max_tasks: int = 10_000
     default_deadline_s: float = 600.0
     max_deadline_s: float = 7 * 24 * 3600.0
     sse_poll_s: float = 0.25
+    sse_recheck_s: float = 5.0  # an event stream looks its token up again this often (revoked: it ends)
+    sse_max_s: float = 3600.0  # an event stream ends after this long (clients reconnect)
+    auth_failures_per_s: float = 1.0  # failed authentications a client address may make (burst: below)
+    auth_failure_burst: int = 20
 
 
 def iso(ts: float | None) -> str | None:
@@ -111,6 +119,11 @@ class ApiContext:
     policy: ServicePolicy = field(default_factory=ServicePolicy)
     gepa: GEPAJobs | None = None
     changes: BatchChanges | None = None
+    auth_failures: AuthFailures = field(init=False)  # (per client address; from `limits`)
+
+    def __post_init__(self) -> None:
+        limiter = AuthFailures(rate_per_s=self.limits.auth_failures_per_s, burst=self.limits.auth_failure_burst)
+        object.__setattr__(self, "auth_failures", limiter)
 
 
 async def workspace_of(ctx: ApiContext, request: Request) -> str:
@@ -128,11 +141,21 @@ Handler = Callable[[ApiContext, Request, str], Awaitable[Response]]
 
 def route(ctx: ApiContext, handler: Handler, public: bool = False) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
+        address = request.client.host if request.client is not None else ""
         try:
+            if not public:
+                wait = ctx.auth_failures.blocked(address)
+                if wait > 0:  # (before the token's lookup: a guess costs the database nothing)
+                    return JSONResponse(
+                        {"error": {"code": "rate_limited", "message": "too many failed authentications; retry later"}},
+                        status_code=429,
+                        headers={"retry-after": str(max(1, math.ceil(wait)))},
+                    )
             ws = "" if public else await workspace_of(ctx, request)
             return await handler(ctx, request, ws)
         except ApiError as e:
             if e.status == 401:
+                ctx.auth_failures.failed(address)
                 return JSONResponse(_UNAUTHORIZED, status_code=401, headers={"www-authenticate": "Bearer"})
             return JSONBody(e.body(), status_code=e.status)
 
@@ -141,6 +164,51 @@ def route(ctx: ApiContext, handler: Handler, public: bool = False) -> Callable[[
 
 def sse(event: str, data: Mapping[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(iso_times(dict(data)), separators=(',', ':'))}\n\n".encode()
+
+
+class _StreamEnd(Exception):
+    """An event stream must end now with this last event (its token was revoked, or it reached
+    its maximum lifetime)."""
+
+    def __init__(self, event: bytes) -> None:
+        super().__init__("stream ended")
+        self.event = event
+
+
+def guarded_stream(
+    ctx: ApiContext, request: Request, ws: str, poll: Callable[[], Awaitable[dict[str, Any] | None]],
+    make: Callable[[Callable[[], Awaitable[dict[str, Any] | None]]], AsyncIterator[bytes]],
+) -> AsyncIterator[bytes]:  # fmt: skip
+    """The event stream `make(poll)`, whose every poll also looks the request's token up again
+    (at most every `ApiLimits.sse_recheck_s`) and minds the stream's age: a token revoked or
+    expired meanwhile ends it with an `error` event (401's body), a stream older than
+    `ApiLimits.sse_max_s` with an `end` event (the client reconnects)."""
+    started = trio.current_time()
+    checked = started
+
+    async def guarded_poll() -> dict[str, Any] | None:
+        nonlocal checked
+        now = trio.current_time()
+        if now - started >= ctx.limits.sse_max_s:
+            raise _StreamEnd(sse("end", {"reason": "max_lifetime", "message": "the stream ended: reconnect"}))
+        if now - checked >= ctx.limits.sse_recheck_s:
+            checked = now
+            try:
+                still: str | None = await workspace_of(ctx, request)
+            except ApiError:
+                still = None
+            if still != ws:
+                raise _StreamEnd(sse("error", _UNAUTHORIZED))
+        return await poll()
+
+    async def stream() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in make(guarded_poll):
+                yield chunk
+        except _StreamEnd as end:
+            yield end.event
+
+    return stream()
 
 
 _NEAR_END_TASKS = 256  # pending tasks under which a stream on SQLite watches for the end

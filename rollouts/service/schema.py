@@ -162,6 +162,11 @@ MIGRATIONS: list[list[str]] = [
         )""",
         "CREATE INDEX IF NOT EXISTS ui_sessions_expires ON ui_sessions(expires_at)",
     ],
+    # 8: what a GEPA job says about how it ended beside its status (no version when nothing
+    # improved on the seed; tasks that timed out)
+    [
+        "ALTER TABLE gepa_jobs ADD COLUMN message TEXT",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
