@@ -45,10 +45,10 @@ async def test_exact_match_tag_feedback_names_the_answer_tag() -> None:
 
 async def test_score_function_sees_the_final_environment_state(tmp_path: Path) -> None:
     model = ensure_builtin_scripted_model("calculator")
-    seen: list[object] = []
+    seen: dict[str, object] = {}
 
     def score(sample: Sample) -> Score:  # the example of Sample's docstring
-        seen.append(sample.environment_state)
+        seen[sample.id] = sample.environment_state
         right = (sample.environment_state or {}).get("current_value") == sample.input["answer"]
         said = str(sample.ground_truth) in sample.response
         return Score((Metric("right", float(right), weight=1.0), Metric("said_it", float(said))))
@@ -63,8 +63,8 @@ async def test_score_function_sees_the_final_environment_state(tmp_path: Path) -
     )
     rows = [{"question": "what is 7 + 5 * 3?", "answer": 36.0}, {"question": "what is 2 + 2?", "answer": 5.0}]
     report = await evaluate(rows, config)
-    assert seen == [{"current_value": 36.0}, {"current_value": 4.0}]
+    assert seen == {"0": {"current_value": 36.0}, "1": {"current_value": 4.0}}
     assert [s.reward for s in report.samples] == [1.0, 0.0]
     recorded = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
-    assert [r["environment_state"] for r in recorded] == [{"current_value": 36.0}, {"current_value": 4.0}]
-    assert Sample.from_dict(recorded[0]).environment_state == {"current_value": 36.0}  # rescoring sees it too
+    assert {r["id"]: r["environment_state"] for r in recorded} == seen
+    assert Sample.from_dict(recorded[0]).environment_state == seen[recorded[0]["id"]]  # rescoring sees it too
