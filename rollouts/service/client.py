@@ -85,9 +85,9 @@ class ServiceClient:
                 resp = await self._http.request(
                     method, self.base_url + path, json=body, params=params, headers=self._headers
                 )
-                if resp.status_code != 503 or trio.current_time() + delay > deadline:
-                    break
                 retry_after = resp.headers.get("retry-after", "")
+                if resp.status_code != 503 or not retry_after or trio.current_time() + delay > deadline:
+                    break  # (a 503 without Retry-After is not a passing state: GEPA jobs not run here)
                 await trio.sleep(min(float(retry_after), 5.0) if retry_after.isdigit() else delay)
             except (httpx2.ConnectError, httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError):
                 if trio.current_time() + delay > deadline:
