@@ -196,6 +196,16 @@ async def test_gepa_iterations_and_reflections_are_spans(spans: InMemorySpanExpo
     assert any(_parent(finished, s).name == "gepa.iteration" for s in _by_name(finished, "evaluate_sample") if s.parent)
 
 
+async def test_sample_spans_name_their_epoch(spans: InMemorySpanExporter) -> None:
+    async with open_fake_server(lambda request: ScriptedReply("Hi.")) as srv:
+        ep = Endpoint("openai-compatible", MODEL, api_base=srv.url)
+        await evaluate([{"id": "q", "question": "hello"}], EvalConfig(endpoint=ep, show_progress=False, epochs=2))
+    samples = _by_name(spans.get_finished_spans(), "evaluate_sample")
+    found = sorted((s.attributes or {})["rollouts.sample.epoch"] for s in samples)  # type: ignore[type-var]
+    assert found == [1, 2]
+    assert sorted((s.attributes or {})["rollouts.sample.id"] for s in samples) == ["q#1", "q#2"]  # type: ignore[type-var]
+
+
 async def test_tracing_off_records_nothing() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

@@ -407,7 +407,7 @@ async def test_the_app_mounts_inside_a_host_with_its_own_pages(tmp_path: Path, n
     async with httpx2.AsyncClient(base_url=url) as client:
         run = catalog.run_id(data.eval_a)
         r = await client.get(f"/ui/evals/{run}")
-        assert r.status_code == 200 and f'href="/ui/evals/{run}/samples/q000"' in r.text
+        assert r.status_code == 200 and f'href="/ui/evals/{run}/samples/q000?pos=0"' in r.text
         assert 'href="/ui/static/style.css"' in r.text and 'href="/ui/batches">Batches</a>' in r.text
         r = await client.get("/ui/batches")
         assert r.status_code == 200 and "<b>&lt;running&gt;</b>" in r.text and "<h1>Batches</h1>" in r.text

@@ -314,7 +314,11 @@ async def evaluate_sample(
     long, a tool error handler) is "completed" and scored: that is the model's result."""
     if _tracing.tracer is None:
         return await _evaluate_sample(row, sample_id, config, environment)
-    attributes = {"rollouts.eval.name": config.eval_name, "rollouts.sample.id": sample_id}
+    attributes = {
+        "rollouts.eval.name": config.eval_name,
+        "rollouts.sample.id": sample_id,
+        "rollouts.sample.epoch": getattr(row, "epoch", None),  # (an EpochRow: EvalConfig.epochs > 1)
+    }
     with _tracing.span("evaluate_sample", attributes) as span:
         sample = await _evaluate_sample(row, sample_id, config, environment)
         _tracing.sample_result(span, sample)

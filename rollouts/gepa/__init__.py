@@ -11,7 +11,7 @@ from rollouts.gepa.config import GEPAConfig
 from rollouts.gepa.engine import GEPAEngine
 from rollouts.gepa.events import GEPACallback, GEPAEvent, ProgressPrinter
 from rollouts.gepa.frontier import ParetoFront, front_frequencies, remove_dominated
-from rollouts.gepa.optimize import optimize
+from rollouts.gepa.optimize import optimize, optimize_sync
 from rollouts.gepa.reflection import (
     DEFAULT_REFLECTION_PROMPT,
     ReflectionParseError,
@@ -73,6 +73,7 @@ __all__ = [
     "extract_new_text",
     "front_frequencies",
     "optimize",
+    "optimize_sync",
     "remove_dominated",
     "render_trajectory",
     "strict_improvement",

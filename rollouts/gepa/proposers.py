@@ -223,7 +223,7 @@ class Proposer:
             return batch
 
         result = await self.cache.evaluate(run, rows, candidate, capture=capture, eval_id=eval_id, iteration=iteration)
-        await self._on_evaluation(eval_id, result)
+        await self._on_evaluation(eval_id, iteration, result)
         return result
 
     async def run(

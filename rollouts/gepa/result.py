@@ -42,7 +42,8 @@ class CandidateRecord:
     changed: the components that differ from its (first) parent. val_scores: validation index
     -> score; it covers every validation instance unless the budget ran out mid-evaluation
     (then `complete` is False). val_objectives: per-instance objective scores, when the
-    adapter reports them."""
+    adapter reports them. screened_out: scored only on the incremental validation policy's
+    first stage, where it could not join the front: kept for the record, on no front."""
 
     idx: int
     components: Mapping[str, str]
@@ -53,6 +54,7 @@ class CandidateRecord:
     val_scores: Mapping[int, float] = field(default_factory=dict)
     val_objectives: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
     valset_size: int = 0
+    screened_out: bool = False
 
     @property
     def val_score(self) -> float:
@@ -76,6 +78,7 @@ class CandidateRecord:
             "val_scores": {str(k): v for k, v in sorted(self.val_scores.items())},
             "val_objectives": {str(k): dict(v) for k, v in sorted(self.val_objectives.items())},
             "valset_size": self.valset_size,
+            "screened_out": self.screened_out,
         }
 
     @classmethod
@@ -90,6 +93,7 @@ class CandidateRecord:
             val_scores=_int_keys(d.get("val_scores", {})),
             val_objectives={k: dict(v) for k, v in _int_keys(d.get("val_objectives", {})).items()},
             valset_size=d.get("valset_size", 0),
+            screened_out=d.get("screened_out", False),
         )
 
 
@@ -102,7 +106,9 @@ class IterationRecord:
     instances: the training instances of the minibatch (mutation) or the validation instances
     of the screening evaluation (merge). components: the components rewritten.
     parent_scores / child_scores: scores on those instances. new_candidate: the index it got
-    when accepted. metric_calls: the total used after this iteration. message: why, in words."""
+    when accepted. metric_calls: the total used after this iteration. message: why, in words.
+    proposed: for a rejected proposal, the texts it proposed (component name -> text, the
+    components it changed), so what was tried is not lost."""
 
     iteration: int
     kind: Literal["mutation", "merge"]
@@ -115,6 +121,7 @@ class IterationRecord:
     new_candidate: int | None = None
     metric_calls: int = 0
     message: str = ""
+    proposed: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,6 +136,7 @@ class IterationRecord:
             "new_candidate": self.new_candidate,
             "metric_calls": self.metric_calls,
             "message": self.message,
+            "proposed": dict(self.proposed),
         }
 
     @classmethod
@@ -145,14 +153,22 @@ class IterationRecord:
             new_candidate=d.get("new_candidate"),
             metric_calls=d.get("metric_calls", 0),
             message=d.get("message", ""),
+            proposed=dict(d.get("proposed") or {}),
         )
+
+
+def _diff(a: str, b: str, from_name: str, to_name: str) -> str:
+    diff = difflib.unified_diff(
+        a.splitlines(keepends=True), b.splitlines(keepends=True), fromfile=from_name, tofile=to_name
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in diff)
 
 
 def best_index(candidates: Sequence[CandidateRecord]) -> int:
     """The candidate with the highest mean validation score among those evaluated on the whole
     validation set (ties: the older one); among all of them when none is complete."""
     assert candidates, "no candidates"
-    pool = [c for c in candidates if c.complete] or list(candidates)
+    pool = [c for c in candidates if c.complete] or [c for c in candidates if not c.screened_out] or list(candidates)
     return max(pool, key=lambda c: (c.val_score, -c.idx)).idx
 
 
@@ -217,9 +233,17 @@ class GEPAResult:
             chain.append(parents[0])
         return chain[::-1]
 
+    @property
+    def rejected_proposals(self) -> tuple[IterationRecord, ...]:
+        """The iterations whose proposal was evaluated and rejected (each with its `proposed`
+        texts and minibatch scores): what was tried and not kept."""
+        return tuple(h for h in self.history if h.outcome == "rejected")
+
     def show_diff(self, idx: int | None = None, *, against: int = 0) -> str:
         """A unified diff, component by component, from candidate `against` (default: the seed)
-        to candidate `idx` (default: the best). Unchanged components are listed as such."""
+        to candidate `idx` (default: the best). Unchanged components are listed as such. When the
+        two are the same (no proposal was accepted), what was tried follows: every rejected
+        proposal with its minibatch scores and its diff against its parent."""
         new = self.candidates[self.best_idx if idx is None else idx]
         old = self.candidates[against]
         parts = []
@@ -228,14 +252,25 @@ class GEPAResult:
             if a == b:
                 parts.append(f"=== {name}: unchanged\n")
                 continue
-            diff = difflib.unified_diff(
-                a.splitlines(keepends=True),
-                b.splitlines(keepends=True),
-                fromfile=f"{name} (candidate {old.idx})",
-                tofile=f"{name} (candidate {new.idx})",
-            )
-            parts.append("".join(line if line.endswith("\n") else line + "\n" for line in diff))
+            parts.append(_diff(a, b, f"{name} (candidate {old.idx})", f"{name} (candidate {new.idx})"))
+        if new.idx == old.idx or new.components == old.components:
+            parts.append(self._tried())
         return "".join(parts)
+
+    def _tried(self) -> str:
+        tried = self.rejected_proposals
+        if not tried:
+            return "=== no proposal was evaluated and rejected\n"
+        lines = [f"=== no proposal was accepted; {len(tried)} tried and rejected:\n"]
+        for h in tried:
+            parent = self.candidates[h.parents[0]].components if h.parents else {}
+            scores = f"{sum(h.parent_scores):g} -> {sum(h.child_scores):g} on {len(h.instances)} rows"
+            lines.append(f"--- iteration {h.iteration} ({h.kind} of {list(h.parents)}): minibatch {scores}\n")
+            for name, text in sorted(h.proposed.items()):
+                lines.append(
+                    _diff(parent.get(name, ""), text, f"{name} (candidate {h.parents[0]})", f"{name} (proposed)")
+                )
+        return "".join(lines)
 
     def summary(self) -> str:
         """A few lines for a terminal."""

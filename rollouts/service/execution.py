@@ -14,6 +14,7 @@ scorers need none). A key value is scrubbed from every error and result before i
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import time
@@ -94,9 +95,13 @@ def resolve_score(ref: str | None, policy: ServicePolicy | None = None) -> Calla
 
 def resolve_environment(ref: str | None, policy: ServicePolicy | None = None) -> Callable[[], Any] | None:
     """A factory for the environment named `ref` (None: the agent has no tools): a built-in
-    name, or `module:Class` that `policy` allows (PolicyError otherwise)."""
+    name, or `module:Class` that `policy` allows (PolicyError otherwise); several joined with
+    '+' are composed, `mcp/<name>` being the policy's MCP server `name` (a connection per
+    environment made, so per sample)."""
     if not ref or ref == "none":
         return None
+    if "+" in ref or ref.startswith("mcp/"):
+        return _composed_factory(ref, policy or _BUILTIN)
     if ref not in ENVIRONMENTS:
         (policy or _BUILTIN).check_import(ref, "environment")
     target = ENVIRONMENTS.get(ref, ref)
@@ -104,6 +109,43 @@ def resolve_environment(ref: str | None, policy: ServicePolicy | None = None) ->
     if not callable(cls):
         raise ValueError(f"environment {ref!r} is not a class or factory")
     return cls  # type: ignore[no-any-return]
+
+
+def _composed_factory(ref: str, policy: ServicePolicy) -> Callable[[], Any]:
+    from rollouts.environments.compose import compose
+    from rollouts.environments.mcp import MCPEnvironment
+
+    parts: list[tuple[str, Callable[[], Any]]] = []
+    for part in ref.split("+"):
+        if part.startswith("mcp/"):
+            name = part.removeprefix("mcp/")
+            server = policy.mcp_server(name, "environment")
+            parts.append((f"{name}_", functools.partial(MCPEnvironment.connect, server)))
+        else:
+            factory = resolve_environment(part, policy)
+            if factory is None:
+                raise ValueError(f"environment {ref!r}: 'none' cannot be combined")
+            parts.append(("", factory))
+
+    async def make() -> Any:
+        made: list[Any] = []
+        try:
+            for _, factory in parts:
+                env = factory()
+                made.append(await env if hasattr(env, "__await__") else env)
+            try:
+                return compose(*made)
+            except ValueError:  # clashing tool names: each MCP server's are offered as <name>_<tool>
+                return compose(*made, prefixes=[prefix for prefix, _ in parts])
+        except BaseException:
+            for env in made:
+                close = getattr(env, "aclose", None)
+                if close is not None:
+                    await close()
+            raise
+
+    make.__qualname__ = f"environment[{ref}]"
+    return make
 
 
 # Providers whose models run on this machine's CPU (or a self-hosted GPU server): a task of a few

@@ -288,14 +288,25 @@ def parse_endpoint(
 
 
 def parse_environment(body: Mapping[str, Any], policy: ServicePolicy | None = None) -> str | None:
+    """A built-in name, 'none', an allowed module:Class, or several joined with '+', where
+    `mcp/<name>` adds an MCP server the operator's policy defines (e.g. "calculator+mcp/github")."""
     env = string(body, "environment", max_len=300)
-    if env is not None and env != "none" and env not in ENVIRONMENTS:
-        if not _REF.match(env):
-            raise invalid(
-                "environment",
-                f"must be one of {', '.join(sorted(ENVIRONMENTS))}, 'none' or module:Class, got {env!r}",
-            )
-        _allowed_import(policy, env, "environment")
+    if env is None or env == "none":
+        return env
+    for part in env.split("+"):
+        if part.startswith("mcp/"):
+            try:
+                (policy or _BUILTIN_POLICY).mcp_server(part.removeprefix("mcp/"), "environment")
+            except PolicyError as e:
+                raise invalid(e.field, e.reason) from None
+        elif part not in ENVIRONMENTS:
+            if not _REF.match(part):
+                raise invalid(
+                    "environment",
+                    f"must be one of {', '.join(sorted(ENVIRONMENTS))}, 'none', module:Class or mcp/<server>, "
+                    f"or several joined with '+'; got {env!r}",
+                )
+            _allowed_import(policy, part, "environment")
     return env
 
 

@@ -58,8 +58,10 @@ class ServerLinks:
     def eval_run(self, run_id: str, **query: Any) -> str | None:
         return self._u(f"/evals/{quote(run_id, safe='')}" + _query(query))
 
-    def sample(self, run_id: str, sample_id: str) -> str | None:
-        return self._u(f"/evals/{quote(run_id, safe='')}/samples/{quote(sample_id, safe='')}")
+    def sample(self, run_id: str, sample_id: str, **query: Any) -> str | None:
+        """A sample's page (`query`: the table's filters and the sample's position in them, for
+        previous/next)."""
+        return self._u(f"/evals/{quote(run_id, safe='')}/samples/{quote(sample_id, safe='')}" + _query(query))
 
     def compare(self, a: str, b: str, **query: Any) -> str | None:
         return self._u("/compare" + _query({"a": a, "b": b, **query}))
@@ -132,7 +134,7 @@ class BundleLinks:
     def eval_run(self, run_id: str, **query: Any) -> str | None:
         return None if _query(query) else self._rel(f"evals/{run_id}.html")
 
-    def sample(self, run_id: str, sample_id: str) -> str | None:
+    def sample(self, run_id: str, sample_id: str, **query: Any) -> str | None:
         if self._samples is not None and (run_id, sample_id) not in self._samples:
             return None
         return self._rel(f"evals/{run_id}/{sample_file_name(sample_id)}.html")

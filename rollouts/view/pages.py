@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import jinja2
@@ -205,7 +206,13 @@ async def eval_run_page(catalog: Catalog, links: Links, run_id: str, params: Par
         sorts=SAMPLE_SORTS,
         ops=METRIC_OPS,
         live_query={k: v for k, v in params.items() if k in (*_SAMPLE_PARAMS, "page") and v},
+        table_query=_table_query(params),
     )
+
+
+def _table_query(params: Params) -> dict[str, str]:
+    """The filters and order of a samples table (what a sample's previous/next follow)."""
+    return {k: v for k, v in params.items() if k in _SAMPLE_PARAMS and v}
 
 
 _SAMPLE_PARAMS = ("q", "status", "failed", "metric", "op", "value", "meta", "sort", "order")
@@ -215,14 +222,53 @@ async def sample_rows(catalog: Catalog, links: Links, run_id: str, params: Param
     """The rows of a run's samples table for `params` (the live page refreshes them)."""
     detail = await catalog.get_eval_run(run_id)
     page = await catalog.list_samples(run_id, sample_query(params))
-    return str(_env().get_template("_macros.html").module.sample_rows(detail, page, links))  # type: ignore[attr-defined]
+    macros: Any = _env().get_template("_macros.html").module
+    return str(macros.sample_rows(detail, page, links, _table_query(params)))
 
 
 async def sample_page(catalog: Catalog, links: Links, run_id: str, sample_id: str, params: Params) -> str:
     detail = await catalog.get_eval_run(run_id)
     sample = await catalog.get_sample(run_id, sample_id)
-    return render("sample.html", links, title=f"Sample {sample_id}", d=detail, s=sample,
-                  text_link=lambda m, p: links.sample_text(run_id, sample_id, m, p))  # fmt: skip
+    prev, next_ = await _neighbours(catalog, run_id, sample_id, params)
+    query = _table_query(params)
+    pos = _int(params, "pos") if params.get("pos") else 0
+    target = next((sample.input[k] for k in TARGET_KEYS if sample.input.get(k) not in (None, "")), None)
+    return render(
+        "sample.html", links, title=f"Sample {sample_id}", d=detail, s=sample, target=target,
+        text_link=lambda m, p: links.sample_text(run_id, sample_id, m, p),
+        prev=links.sample(run_id, prev, pos=str(pos - 1), **query) if prev is not None else None,
+        next=links.sample(run_id, next_, pos=str(pos + 1), **query) if next_ is not None else None,
+        explanation=explanation,
+    )  # fmt: skip
+
+
+TARGET_KEYS = ("target", "expected", "expected_answer", "answer", "ground_truth", "reference", "label")
+
+
+def explanation(metric: Any) -> str:
+    """What a scorer said about a metric's value (its metadata's explanation, feedback or reason)."""
+    meta = getattr(metric, "metadata", None) or {}
+    for key in ("explanation", "feedback", "reason", "rationale"):
+        if meta.get(key):
+            return str(meta[key])
+    return ""
+
+
+async def _neighbours(catalog: Catalog, run_id: str, sample_id: str, params: Params) -> tuple[str | None, str | None]:
+    """The samples before and after this one in the table it was opened from (its filters and
+    order, `pos` its position there); (None, None) when it is not where `pos` says (the run
+    changed since, or no position was given)."""
+    if not params.get("pos"):
+        return None, None
+    pos = _int(params, "pos")
+    if pos < 0:
+        return None, None
+    q = replace(sample_query(params), offset=max(0, pos - 1), limit=3)
+    ids = [s.sample_id for s in (await catalog.list_samples(run_id, q)).items]
+    i = pos - q.offset
+    if not (0 <= i < len(ids) and ids[i] == sample_id):
+        return None, None
+    return (ids[i - 1] if i > 0 else None), (ids[i + 1] if i + 1 < len(ids) else None)
 
 
 def _message_at(messages: Sequence[Message], index: int, what: str) -> Message:

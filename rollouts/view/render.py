@@ -19,6 +19,7 @@ from markupsafe import Markup
 
 from rollouts.dtypes import Message, TextContent, ThinkingContent, ToolCallContent
 from rollouts.gepa.result import CandidateRecord, IterationRecord
+from rollouts.view.text import ansi_html, markdown_html
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
@@ -56,7 +57,9 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(num=num, money=money, pretty_json=pretty_json, clip=clip, bidi=neutral_bidi)
-    env.globals.update(message_parts=message_parts, message_is_error=message_is_error)
+    env.globals.update(
+        message_parts=message_parts, message_is_error=message_is_error, markdown_html=markdown_html, ansi_html=ansi_html
+    )
     return env
 
 
