@@ -289,7 +289,6 @@ def main() -> None:
     figures["wall_s"] = round(wall, 1)
     if not args.skip_reference:
         figures["gepa_ref_wall_s"] = round(ref_wall, 1)
-        figures["gepa_ref_best_prompt"] = ref_best
     figures.update(
         budget=args.budget,
         heldout_n=len(heldout),

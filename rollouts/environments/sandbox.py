@@ -43,7 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 import trio
 
 from rollouts.environments._process import CommandResult, run_command
-from rollouts.environments._sandbox_limits import disk_usage, pids_cgroup, watch_disk
+from rollouts.environments._sandbox_limits import pids_cgroup, watch_disk
 from rollouts.errors import ConfigurationError
 
 __all__ = [
@@ -105,7 +105,9 @@ class SandboxLimits:
         max_processes: processes at once (RLIMIT_NPROC inside the sandbox, and a cgroup's
             `pids.max` where one is writable).
         file_size_bytes: the largest file a process may write (RLIMIT_FSIZE).
-        disk_bytes: how much one command may add to the workspace (checked every 50 ms; None: no check).
+        disk_bytes: how much one command may add to the workspace (checked every 50 ms, less often
+            for a workspace slow to walk, which also may not gain 100,000 files; a workspace of
+            over a million entries is not checked; None: no check).
         tmp_bytes: the size of the private `/tmp`.
     """
 
@@ -235,11 +237,10 @@ async def _run_watched(
             cgroups=cgroups,
             bwrap=bwrap,
         )
-    baseline = await trio.to_thread.run_sync(disk_usage, workspace, abandon_on_cancel=True)
     stop = trio.Event()
     why: list[str] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch_disk, workspace, baseline, limits.disk_bytes, stop, why)
+        nursery.start_soon(watch_disk, workspace, limits.disk_bytes, stop, why)
         r = await run_command(
             argv,
             cwd=workspace,

@@ -42,7 +42,8 @@ class CandidateRecord:
     changed: the components that differ from its (first) parent. val_scores: validation index
     -> score; it covers every validation instance unless the budget ran out mid-evaluation
     (then `complete` is False). val_objectives: per-instance objective scores, when the
-    adapter reports them."""
+    adapter reports them. screened_out: scored only on the incremental validation policy's
+    first stage, where it could not join the front: kept for the record, on no front."""
 
     idx: int
     components: Mapping[str, str]
@@ -53,6 +54,7 @@ class CandidateRecord:
     val_scores: Mapping[int, float] = field(default_factory=dict)
     val_objectives: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
     valset_size: int = 0
+    screened_out: bool = False
 
     @property
     def val_score(self) -> float:
@@ -76,6 +78,7 @@ class CandidateRecord:
             "val_scores": {str(k): v for k, v in sorted(self.val_scores.items())},
             "val_objectives": {str(k): dict(v) for k, v in sorted(self.val_objectives.items())},
             "valset_size": self.valset_size,
+            "screened_out": self.screened_out,
         }
 
     @classmethod
@@ -90,6 +93,7 @@ class CandidateRecord:
             val_scores=_int_keys(d.get("val_scores", {})),
             val_objectives={k: dict(v) for k, v in _int_keys(d.get("val_objectives", {})).items()},
             valset_size=d.get("valset_size", 0),
+            screened_out=d.get("screened_out", False),
         )
 
 
@@ -164,7 +168,7 @@ def best_index(candidates: Sequence[CandidateRecord]) -> int:
     """The candidate with the highest mean validation score among those evaluated on the whole
     validation set (ties: the older one); among all of them when none is complete."""
     assert candidates, "no candidates"
-    pool = [c for c in candidates if c.complete] or list(candidates)
+    pool = [c for c in candidates if c.complete] or [c for c in candidates if not c.screened_out] or list(candidates)
     return max(pool, key=lambda c: (c.val_score, -c.idx)).idx
 
 

@@ -130,7 +130,8 @@ class GEPAState:
     def __post_init__(self) -> None:
         self.front = ParetoFront(self.valset_size)
         for c in self.candidates:
-            self.front.add(c.idx, c.val_scores)
+            if not c.screened_out:
+                self.front.add(c.idx, c.val_scores)
 
     # ---- queries ----------------------------------------------------------------------------
 
@@ -179,7 +180,8 @@ class GEPAState:
     def add_candidate(self, record: CandidateRecord) -> None:
         assert record.idx == len(self.candidates), "candidates are added in index order"
         self.candidates.append(record)
-        self.front.add(record.idx, record.val_scores)
+        if not record.screened_out:
+            self.front.add(record.idx, record.val_scores)
         if len(self.component_cursor) == record.idx:  # (a speculative plan may have set it already)
             self.component_cursor.append(self.initial_cursor(record.parents))
 
