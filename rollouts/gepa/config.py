@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollouts.errors import ConfigurationError
+from rollouts.gepa.frontier import FRONT_TYPES
 from rollouts.gepa.reflection import DEFAULT_REFLECTION_PROMPT, check_prompt_template
 from rollouts.gepa.selectors import Acceptance, CandidateSelector, ComponentSelector, strict_improvement
 from rollouts.gepa.stoppers import Stopper
@@ -56,6 +57,11 @@ class GEPAConfig:
         Budget accounting is exact either way.
     val_first_stage: the incremental policy's first-stage size (default: a quarter of the
         validation set, at least 1).
+    frontier_type: the fronts parents are sampled from (and the result's `pareto_front`):
+        "instance" (default: per validation instance), "objective" (per objective: the best mean
+        of each metric the score function returns), "hybrid" (both), "cartesian" (per instance
+        and objective). All but "instance" need per-objective scores (RolloutsAdapter reports
+        each Metric of the Score; another adapter returns `objective_scores`).
     max_idle_iterations: stop (reason "no_new_evaluations") after this many iterations in a row
         that made no metric call: every evaluation was answered by the cache, so repeating them
         cannot teach anything new (without this, a run whose candidates are perfect on every
@@ -82,6 +88,7 @@ class GEPAConfig:
     cache_evaluations: bool = True
     max_idle_iterations: int = 20
     val_evaluation_policy: str = "full"
+    frontier_type: str = "instance"
     val_first_stage: int | None = None
 
     def __post_init__(self) -> None:
@@ -98,6 +105,10 @@ class GEPAConfig:
         if self.val_evaluation_policy not in ("full", "incremental"):
             raise ConfigurationError(
                 f"unknown val_evaluation_policy {self.val_evaluation_policy!r}; use 'full' or 'incremental'"
+            )
+        if self.frontier_type not in FRONT_TYPES:
+            raise ConfigurationError(
+                f"unknown frontier_type {self.frontier_type!r}; use one of {', '.join(FRONT_TYPES)}"
             )
         if self.val_first_stage is not None and self.val_first_stage < 1:
             raise ConfigurationError(f"val_first_stage must be >= 1, got {self.val_first_stage}")
@@ -124,6 +135,7 @@ class GEPAConfig:
             "seed": self.seed,
             # (only when off: a run directory made before the cache existed resumes with it on)
             **({} if self.cache_evaluations else {"cache_evaluations": False}),
+            **({} if self.frontier_type == "instance" else {"frontier_type": self.frontier_type}),
             **(
                 {}
                 if self.val_evaluation_policy == "full"

@@ -244,6 +244,7 @@ class GEPAEngine:
                 "(max_metric_calls, --budget); its result so far is in result.json"
             )
         self.state = saved
+        self.state.front_type = self.config.frontier_type
         self.cache.set_horizon(saved.cache_records)
 
     def _release_lock(self) -> None:
@@ -259,6 +260,7 @@ class GEPAEngine:
             budget=Budget(self.config.max_metric_calls),
         )
         self.state.fingerprint = dict(self.fingerprint)
+        self.state.front_type = self.config.frontier_type
 
     def _checkpoint(self) -> None:
         """Save the state as it is now, in the background: the run goes on while the file is
@@ -347,6 +349,12 @@ class GEPAEngine:
             val_objectives=objectives,
             valset_size=len(self.valset),
         )
+        if self.config.frontier_type != "instance" and scores and not any(objectives.values()):
+            raise ConfigurationError(
+                f"frontier_type {self.config.frontier_type!r} needs per-objective scores, but the adapter "
+                f"returned none for the seed: use frontier_type 'instance', or return objective_scores "
+                "(RolloutsAdapter reports each Metric of the score function's Score)"
+            )
         self.state.add_candidate(record)
         await self._emit("seed_evaluated", iteration=0, score=record.val_score, complete=record.complete)
         note = await self._resolve(speculation, 0)

@@ -180,7 +180,9 @@ class GEPAResult:
     instance used, never more than `max_metric_calls`. stop_reason: why the run ended
     ("budget", "max_iterations", "score_threshold", "no_improvement", "stop_file", "timeout",
     "cancelled", "reflection_failed", "no_new_evaluations", ...). pareto_front: per validation instance, the
-    candidates with the best score on it. history: one record per iteration.
+    candidates with the best score on it; with another `front_type` ("objective", "hybrid",
+    "cartesian"), per front named in `front_keys` (e.g. "objective:correct", "instance:3",
+    "cartesian:3:correct"), the candidates that reach its best value. history: one record per iteration.
     speculation_calls: the part of `metric_calls` spent on iterations started early on a new
     candidate and then dropped because the selection chose another parent.
     calls_saved_by_cache: evaluations of one instance answered by the evaluation cache (a
@@ -199,6 +201,8 @@ class GEPAResult:
     run_dir: str | None = None
     speculation_calls: int = 0
     calls_saved_by_cache: int = 0
+    front_type: str = "instance"
+    front_keys: tuple[str, ...] = ()
 
     @property
     def best(self) -> CandidateRecord:
@@ -298,6 +302,8 @@ class GEPAResult:
             "run_dir": self.run_dir,
             "speculation_calls": self.speculation_calls,
             "calls_saved_by_cache": self.calls_saved_by_cache,
+            "front_type": self.front_type,
+            "front_keys": list(self.front_keys),
             "candidates": [c.to_dict() for c in self.candidates],
             "pareto_front": [list(f) for f in self.pareto_front],
             "history": [h.to_dict() for h in self.history],
@@ -319,6 +325,8 @@ class GEPAResult:
             run_dir=d.get("run_dir"),
             speculation_calls=d.get("speculation_calls", 0),
             calls_saved_by_cache=d.get("calls_saved_by_cache", 0),
+            front_type=d.get("front_type", "instance"),
+            front_keys=tuple(d.get("front_keys", ())),
         )
 
     def to_json(self, indent: int | None = None) -> str:

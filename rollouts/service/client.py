@@ -76,7 +76,8 @@ class ServiceClient:
     # ---- plumbing -------------------------------------------------------------------------------
 
     async def request(self, method: str, path: str, body: Any = None, params: Mapping[str, Any] | None = None) -> Any:
-        """One API call; retried while the server cannot be reached (up to `reconnect_s`)."""
+        """One API call; retried while the server cannot be reached or answers 503 (its
+        database restarting: after its Retry-After), up to `reconnect_s`."""
         delay = 0.05
         deadline = trio.current_time() + self.reconnect_s
         while True:
@@ -84,12 +85,15 @@ class ServiceClient:
                 resp = await self._http.request(
                     method, self.base_url + path, json=body, params=params, headers=self._headers
                 )
-                break
+                retry_after = resp.headers.get("retry-after", "")
+                if resp.status_code != 503 or not retry_after or trio.current_time() + delay > deadline:
+                    break  # (a 503 without Retry-After is not a passing state: GEPA jobs not run here)
+                await trio.sleep(min(float(retry_after), 5.0) if retry_after.isdigit() else delay)
             except (httpx2.ConnectError, httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError):
                 if trio.current_time() + delay > deadline:
                     raise
                 await trio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+            delay = min(delay * 2, 2.0)
         try:
             data = resp.json()
         except ValueError:
