@@ -13,7 +13,10 @@ time in the standard library and C builtins (json, typing, re, ...) is charged t
 
 The default path (an Endpoint with no `transport`: the lean transport for a self-hosted
 server since `transport="auto"`) is timed as its own third path: `cpu_ms_per_sample_default`,
-`ratio_to_ideal_default`.
+`ratio_to_ideal_default`. OpenTelemetry tracing (rollouts.tracing) is timed on the default path
+too: `cpu_ms_per_sample_otel_off` (tracing off, as by default: the hooks' cost, compared with the
+default path before they existed) and `cpu_ms_per_sample_otel_on` (on, spans made with the SDK
+and batched to an exporter that drops them: the cost of tracing without the network).
 
 Big runs (each in a fresh subprocess, so its peak RSS is its own): evaluate() over a lazily read
 JSONL of `--big-samples` rows (100,000) and of a tenth of that (10,000), 1,000 in flight, through
@@ -112,8 +115,9 @@ def _prepare(row: dict[str, Any]) -> list[Message]:
 
 
 def _config(base_url: str, transport: str, concurrency: int, output_dir: str) -> EvalConfig:
-    """`transport` is "sdk", "http" or "default" (no transport set: what a user gets)."""
-    chosen: dict[str, Any] = {} if transport == "default" else {"transport": transport}
+    """`transport` is "sdk", "http" or "default" (no transport set: what a user gets; also
+    "otel_off" and "otel_on")."""
+    chosen: dict[str, Any] = {"transport": transport} if transport in ("sdk", "http") else {}
     return EvalConfig(
         endpoint=Endpoint("openai-compatible", "fake-model", api_base=base_url, api_key="sk-bench", **chosen),
         prepare_messages=_prepare,
@@ -135,12 +139,38 @@ def _count_lines(path: Path) -> int:
         return sum(1 for _ in f)
 
 
+def _tracer_provider() -> Any:
+    """An SDK tracer provider batching spans to an exporter that drops them."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Dropping(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropping()))
+    return provider
+
+
 async def _timed_run(base_url: str, transport: str, n: int, concurrency: int) -> dict[str, Any]:
+    from rollouts import tracing
+
+    provider = _tracer_provider() if transport == "otel_on" else None
     with tempfile.TemporaryDirectory() as out:
         config = _config(base_url, transport, concurrency, out)
+        if provider is not None:
+            tracing.enable_tracing(provider)
         cpu0, t0 = time.process_time(), time.perf_counter()
-        report = await evaluate(_rows(n), config)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        try:
+            report = await evaluate(_rows(n), config)
+            if provider is not None:
+                provider.force_flush()  # (the spans' export is part of the cost)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        finally:
+            tracing.disable_tracing()
+            if provider is not None:
+                provider.shutdown()
         lines = _count_lines(Path(out) / "samples.jsonl")
     counts = report.summary["counts"]
     assert counts["completed"] == n, f"{transport}: {counts} — first error: {_first_error(report)}"
@@ -292,12 +322,13 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         await _timed_run(server.base_url, "http", min(n, 200), conc)
         await _timed_run(server.base_url, "sdk", min(n, 200), conc)
         # Interleaved (http, sdk, default, bare httpx2 in turn), so machine load hits all alike.
-        runs: dict[str, list[dict[str, Any]]] = {"http": [], "sdk": [], "default": [], "bare": []}
+        paths = ("http", "sdk", "default", "otel_off", "otel_on")
+        runs: dict[str, list[dict[str, Any]]] = {p: [] for p in (*paths, "bare")}
         for _ in range(args.repeats):
-            for transport in ("http", "sdk", "default"):
+            for transport in paths:
                 runs[transport].append(await _timed_run(server.base_url, transport, n, conc))
             runs["bare"].append(await _bare_http_run(server.base_url, n, conc))
-        for transport in ("http", "sdk", "default"):
+        for transport in paths:
             best = min(runs[transport], key=lambda r: r["wall_s"])
             results[transport] = {
                 "wall_s": best["wall_s"],
@@ -346,6 +377,7 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
     print(f"\nserver: {server_stats}")
     refs = results.pop("references")
     default = results.pop("default")
+    otel_off, otel_on = results.pop("otel_off"), results.pop("otel_on")
     best_transport = min(results, key=lambda t: results[t]["wall_s"])
     best = results[best_transport]
     return {
@@ -362,6 +394,8 @@ async def _client(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_ms_per_sample_default": round(default["cpu_ms_per_sample"], 3),
         "ratio_to_ideal_default": round(default["ratio_to_ideal"], 2),
         "wall_s_default": round(default["wall_s"], 4),
+        "cpu_ms_per_sample_otel_off": round(otel_off["cpu_ms_per_sample"], 3),
+        "cpu_ms_per_sample_otel_on": round(otel_on["cpu_ms_per_sample"], 3),
         **big,
         "samples": n,
         "concurrency": conc,

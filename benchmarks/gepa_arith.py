@@ -17,7 +17,7 @@ It checks and prints:
   the sum of all simulated latencies of the run.
 
 Run: python benchmarks/gepa_arith.py [--rules-file PATH] [--proposals-in-flight N] [--quick]
-The last line is one JSON object: best_val, best_val_max_rules_3, metric_calls, budget,
+The last line is one JSON object: best_val, best_val_max_rules_3, metric_calls, calls_saved_by_cache, budget,
 candidates, wall_s, sum_latency_s, overhead_us_per_call (and more).
 """
 
@@ -197,7 +197,7 @@ async def main() -> None:
     engine_us = engine_s / max(1, result.metric_calls) * 1e6
     print(
         f"standard: best valset {result.best_score:.3f} (candidate {result.best_idx}), metric calls "
-        f"{result.metric_calls}/200, {len(result.candidates)} candidates, {result.iterations} iterations, "
+        f"{result.metric_calls}/200 ({result.calls_saved_by_cache} saved by the cache), {len(result.candidates)} candidates, {result.iterations} iterations, "
         f"{arith.reflect_calls} reflections, stop: {result.stop_reason}"
     )
     print(f"  lineage {' -> '.join(map(str, result.lineage()))}; wall {best_wall * 1e3:.1f} ms without latency: "
@@ -249,6 +249,7 @@ async def main() -> None:
                 "best_val": result.best_score,
                 "best_val_max_rules_3": r3.best_score,
                 "metric_calls": result.metric_calls,
+                "calls_saved_by_cache": result.calls_saved_by_cache,
                 "budget": 200,
                 "candidates": len(result.candidates),
                 "iterations": result.iterations,

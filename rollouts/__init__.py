@@ -80,12 +80,13 @@ from rollouts.eval.scorers import (
     numeric_match,
 )
 from rollouts.eval.summary import group_samples, summarize, summarize_groups
+from rollouts.eval.sync import evaluate_sync
 
 # --- the loop: streaming (every event: rollouts.events) -------------------------------------
 from rollouts.events import OnChunk, StreamEvent
 
 # --- prompt optimization (the engine and its parts: rollouts.gepa) ---------------------------
-from rollouts.gepa import GEPAConfig, GEPAResult, optimize
+from rollouts.gepa import GEPAConfig, GEPAResult, optimize, optimize_sync
 
 # --- handlers: when a run stops and what it sees --------------------------------------------
 from rollouts.handlers import (
@@ -175,6 +176,7 @@ __all__ = [
     "combine",
     "evaluate",
     "evaluate_sample",
+    "evaluate_sync",
     "exact_match",
     "extract_last_number",
     "extract_regex",
@@ -192,6 +194,7 @@ __all__ = [
     "GEPAConfig",
     "GEPAResult",
     "optimize",
+    "optimize_sync",
     # errors
     "AuthenticationError",
     "ConfigurationError",

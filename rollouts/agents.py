@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from rollouts import tracing as _tracing
 from rollouts._schema import argument_errors
 from rollouts.dtypes import Actor, AgentState, Message, StopReason, Tool, ToolCall, ToolResult, evolve, now_iso
 from rollouts.environments.base import Environment, clone_environment, environment_type_name
@@ -70,6 +71,15 @@ async def rollout(actor: Actor, on_chunk: OnChunk, *, use_tito: bool = False) ->
     """One model call: route to the provider for `actor.endpoint` and return the actor with the
     new assistant message appended. With `use_tito` the provider's token-exact variant is used
     (`rollouts.providers.tito`) and the new Completion carries the call's TokenRecord."""
+    if _tracing.tracer is None:
+        return await _rollout(actor, on_chunk, use_tito)
+    with _tracing.span(_tracing.model_call_name(actor), _tracing.model_call_attributes(actor)) as span:
+        new_actor = await _rollout(actor, on_chunk, use_tito)
+        _tracing.set_attributes(span, _tracing.model_result_attributes(actor, new_actor))
+        return new_actor
+
+
+async def _rollout(actor: Actor, on_chunk: OnChunk, use_tito: bool) -> Actor:
     if use_tito:
         from rollouts.providers.tito import get_token_provider_function
 
@@ -146,6 +156,17 @@ def _error_result(call: ToolCall, text: str) -> ToolResult:
 
 
 async def _execute_tool(
+    env: Environment, tools: dict[str, Tool], call: ToolCall, state: AgentState, rc: RunConfig
+) -> ToolResult:
+    if _tracing.tracer is None:
+        return await _run_tool(env, tools, call, state, rc)
+    with _tracing.span(f"execute_tool {call.name}", _tracing.tool_attributes(call)) as span:
+        result = await _run_tool(env, tools, call, state, rc)
+        _tracing.tool_result(span, result)
+        return result
+
+
+async def _run_tool(
     env: Environment, tools: dict[str, Tool], call: ToolCall, state: AgentState, rc: RunConfig
 ) -> ToolResult:
     tool = tools.get(call.name)
@@ -245,6 +266,16 @@ async def process_pending_tools(
 async def run_agent_step(state: AgentState, run_config: RunConfig, *, _tracker: _Tracker | None = None) -> AgentState:
     """One step: stop checks, then either the pending tool calls of an interrupted turn or one
     model call followed by its tool calls. Returns the new state (turn_idx advanced)."""
+    if _tracing.tracer is None:
+        return await _step(state, run_config, _tracker)
+    with _tracing.span(f"turn {state.turn_idx}", {"rollouts.turn.index": state.turn_idx}) as span:
+        new = await _step(state, run_config, _tracker)
+        if new.stop is not None:
+            span.set_attribute("rollouts.stop_reason", new.stop.value)
+        return new
+
+
+async def _step(state: AgentState, run_config: RunConfig, _tracker: _Tracker | None) -> AgentState:
     rc = run_config
     # Every turn passes a checkpoint (a cancel point and a schedule point): a scripted model and
     # an in-memory environment never yield on their own, and cancellation must still land.
@@ -400,6 +431,8 @@ def _final_status(state: AgentState) -> SessionStatus:
         return SessionStatus.MAX_TURNS
     if state.stop == StopReason.BUDGET_EXCEEDED:
         return SessionStatus.BUDGET_EXCEEDED
+    if state.stop == StopReason.NO_TOOL_CALLED and state.actor.tools:
+        return SessionStatus.NO_TOOL_CALLED  # it had tools to finish with and answered in text instead
     return SessionStatus.COMPLETED
 
 
@@ -481,6 +514,15 @@ async def run_agent(state: AgentState, run_config: RunConfig) -> list[AgentState
     Cancelling `run_config.cancel_scope` ends the run gracefully: the last state returned is
     marked ABORTED and holds any partially streamed message. Cancellation from outside
     propagates as usual (after the abort is recorded in the session store)."""
+    if _tracing.tracer is None:
+        return await _run_agent(state, run_config)
+    with _tracing.span("invoke_agent", _tracing.agent_attributes(state)) as span:
+        states = await _run_agent(state, run_config)
+        _tracing.set_attributes(span, _tracing.agent_end_attributes(states))
+        return states
+
+
+async def _run_agent(state: AgentState, run_config: RunConfig) -> list[AgentState]:
     states = [state]
     tracker = _Tracker(state)
     async with client_scope():

@@ -6,7 +6,8 @@
 
 Tools: `add` (structured result), `echo`, `fail` (a tool error), `pid`, `hang` (sleeps until
 killed), `remember`/`recall` (notes kept per MCP session: what samples must not share),
-`whoami` (a hash of the Authorization header the HTTP server received, for the header tests)."""
+`whoami` (a hash of the Authorization header the HTTP server received, for the header tests),
+`bash` (says what it was asked to run: the CLI tests' scripted `shell` model calls it)."""
 
 from __future__ import annotations
 
@@ -82,6 +83,16 @@ def whoami(ctx: Context) -> str:
     request = getattr(ctx.request_context, "request", None)
     value = request.headers.get("authorization", "") if request is not None else ""
     return hashlib.sha256(value.encode()).hexdigest() if value else ""
+
+
+@server.tool()
+def bash(command: str, ctx: Context) -> str:
+    """Pretends to run a command (for the CLI tests' scripted `shell` model): says what it got,
+    and a hash of the Authorization header when the HTTP request had one."""
+    request = getattr(ctx.request_context, "request", None)
+    value = request.headers.get("authorization", "") if request is not None else ""
+    who = f" as {hashlib.sha256(value.encode()).hexdigest()[:12]}" if value else ""
+    return f"mcp ran: {command}{who}"
 
 
 async def _serve_http(port: int) -> None:

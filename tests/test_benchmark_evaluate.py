@@ -35,6 +35,8 @@ def test_benchmark_prints_consistent_json_last() -> None:
         "cpu_ms_per_sample",
         "cpu_ms_per_sample_default",
         "ratio_to_ideal_default",
+        "cpu_ms_per_sample_otel_off",
+        "cpu_ms_per_sample_otel_on",
         "rss_mb_100k",
         "cpu_ms_per_sample_100k",
         "rss_mb_10k",

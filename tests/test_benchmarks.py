@@ -61,3 +61,10 @@ def test_evaluate_workers_benchmark_prints_both_rates() -> None:
         assert r[f"samples_per_s_{name}"] > 0 and r[f"cpu_ms_per_sample_{name}"] > 0
         assert r[f"first_result_s_{name}"] > 0
     assert r["samples"] == 40
+
+
+def test_sandbox_benchmark_prints_the_per_command_overhead() -> None:
+    r = _run("sandbox.py", "--commands", "6", "--humaneval-n", "0")
+    assert r["bash_ms_bwrap"] > 0 and r["bash_ms_unsandboxed"] > 0 and r["bash_commands"] == 6
+    assert r["sandbox_overhead_ms"] == pytest.approx(r["bash_ms_bwrap"] - r["bash_ms_unsandboxed"], abs=0.02)
+    assert len(r["load_avg"]) == 3

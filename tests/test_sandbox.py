@@ -151,11 +151,11 @@ async def test_sandbox_bounds_filling_the_disk(tmp_path: Path, ws: Path) -> None
     fill = "for i in $(seq 100); do head -c 1000000 /dev/zero > f$i || exit 1; done; echo wrote all"
     scratch = tmp_path / "control"
     scratch.mkdir()
-    assert b"wrote all" in (await _outside(fill, scratch)).stdout and disk_usage(str(scratch)) >= 100_000_000
+    assert b"wrote all" in (await _outside(fill, scratch)).stdout and disk_usage(str(scratch))[0] >= 100_000_000
     r = await _bash(_sandboxed(ws, disk_bytes=10_000_000), fill)
     assert r.is_error and "wrote all" not in r.content and "disk limit" in r.content
     assert r.details is not None and r.details["stopped"] is True
-    assert disk_usage(str(ws)) < 80_000_000
+    assert disk_usage(str(ws))[0] < 80_000_000
     r = await _bash(_sandboxed(ws, file_size_bytes=1_000_000), "head -c 5000000 /dev/zero > big; echo $?")
     assert (ws / "big").stat().st_size <= 1_000_000 and "File size limit exceeded" in r.content
     r = await _bash(_sandboxed(ws, tmp_bytes=2_000_000), "head -c 5000000 /dev/zero > /tmp/big")

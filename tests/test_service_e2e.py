@@ -750,6 +750,10 @@ class TagProvider(Provider):
                     return f"```\n{current}\n{_TAG.format(topic)}\n```"
             return f"```\n{current}\n```"
         self.calls[text] += 1
+        self.arrived(text).set()
+        gate = self.gates.get(text)
+        if gate is not None:
+            await gate.wait()
         system = messages[0]["content"] if messages[0]["role"] == "system" else ""
         topic = text.split("topic: ")[-1]
         return f"OK {topic}" if _TAG.format(topic) in system else "NO"
@@ -845,7 +849,8 @@ async def test_gepa_job_cancel(db_url: str) -> None:
             reflection_model=endpoint(svc.srv.base_url),
         )  # fmt: skip
         await svc.provider.reflection_arrived.wait()
-        await svc.client.cancel_gepa(job["job_id"])
+        cancelled = await svc.client.cancel_gepa(job["job_id"])
+        assert cancelled["status"] == "cancelled"  # (issue 33 item 15: it answered "running")
         done = await svc.client.wait_gepa(job["job_id"])
         assert done["status"] == "cancelled" and done["created_version"] is None
         assert [v["version"] for v in await svc.client.list_versions(agent_id)] == [1]

@@ -1,5 +1,5 @@
 """When the service looks again, on trio's virtual clock: a batch's event stream
-(rollouts.service.api.progress_stream, rollouts.service.progress.BatchChanges), and an idle
+(rollouts.service.routing.progress_stream, rollouts.service.progress.BatchChanges), and an idle
 SQLite worker (no NOTIFY: it watches the database files)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import trio
 import trio.testing
 
 from rollouts.service import accounts, queue
-from rollouts.service.api import progress_stream
 from rollouts.service.batch_tasks import BatchTasks
 from rollouts.service.gepa_jobs import GEPAJobs
 from rollouts.service.progress import BatchChanges
+from rollouts.service.routing import progress_stream
 from rollouts.service.store import Store
 from rollouts.service.worker import Worker
 

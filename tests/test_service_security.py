@@ -29,6 +29,8 @@ from test_service_e2e import (
 
 from rollouts.service import accounts, queue
 from rollouts.service.accounts import VersionSpec
+from rollouts.service.api import ApiLimits
+from rollouts.service.client import ServiceClient
 from rollouts.service.server import DB_ENV
 from rollouts.testing import RecordedRequest, open_fake_server
 
@@ -198,3 +200,44 @@ async def test_a_task_that_kills_its_worker_is_failed_and_serve_keeps_serving(db
     assert "worker" in result["error"] and "3 times" in result["error"]
     assert exited["results"][0]["status"] == "failed" and "exit" in exited["results"][0]["error"]
     assert [r["status"] for r in after["results"]] == ["completed"] * 3
+
+
+async def test_failed_authentications_are_rate_limited_per_client_address(db_url: str) -> None:
+    """Issue 25: a token lookup is a database query, and one client made 250 guesses a second.
+    Past its burst an address gets 429 with Retry-After (before any lookup); others are not
+    affected."""
+    limits = ApiLimits(auth_failure_burst=5, auth_failures_per_s=0.01)
+    async with service(db_url, workers=0, limits=limits) as svc, httpx2.AsyncClient() as http:
+        url = f"{svc.url}/v1/agents"
+        codes = [(await http.get(url, headers={"authorization": f"Bearer rlt_guess{i}"})).status_code for i in range(5)]
+        assert codes == [401] * 5
+        r = await http.get(url, headers={"authorization": "Bearer rlt_guess6"})
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        assert (await http.get(url)).status_code == 429  # (no token at all: the same address)
+        assert (await http.get(f"{svc.url}/v1/health")).status_code == 200  # public routes are not limited
+        other = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(local_address="127.0.0.2"))
+        async with other:
+            r = await other.get(url, headers={"authorization": f"Bearer {svc.token}"})
+            assert r.status_code == 200  # another address is not affected
+
+
+async def test_revoking_a_token_ends_its_open_event_streams_and_streams_have_a_lifetime(db_url: str) -> None:
+    """Issue 25, defect 6: a revoked token's event streams went on (one never ended on its own)."""
+    limits = ApiLimits(sse_recheck_s=0.2, sse_max_s=3.0)
+    async with service(db_url, workers=1, limits=limits) as svc:
+        svc.provider.gates["q 0"] = trio.Event()  # (the batch never ends on its own)
+        agent_id = await svc.agent()
+        batch = await svc.client.create_batch(agent_id, tasks(1))
+        token_id, token = await svc.store.call(accounts.create_token, "main", "short-lived")
+        events: list[str] = []
+        with trio.fail_after(60):
+            async with ServiceClient(svc.url, token) as client:
+                async for event, _ in client.events(f"/v1/batches/{batch['batch_id']}/events"):
+                    events.append(event)
+                    if len(events) == 1:
+                        await svc.store.call(accounts.revoke_token, token_id)
+        assert events[0] == "progress" and events[-1] == "error"
+        with trio.fail_after(60):
+            ended = [event async for event, _ in svc.client.events(f"/v1/batches/{batch['batch_id']}/events")]
+        assert ended[-1] == "end"  # its maximum lifetime
+        svc.provider.release_all()

@@ -25,7 +25,7 @@ from rollouts.service.api import create_app as create_api
 from rollouts.service.catalog import ServiceCatalog
 from rollouts.service.server import with_ui
 from rollouts.service.store import Store
-from rollouts.service.ui import COOKIE, csrf_token
+from rollouts.service.ui import COOKIE, MAX_FORM_BYTES, csrf_token
 from rollouts.view import serve
 from rollouts.view.catalog import Catalog, NotFound, SampleQuery, SessionQuery
 
@@ -441,3 +441,49 @@ async def test_no_ui_response_can_be_framed(ui: Ui) -> None:
     for path in ("/ui/batches", "/ui/agents", f"/ui/evals/{ui.data.batch}", "/ui/nope"):
         r = await ui.client.get(path)
         assert r.headers["x-frame-options"] == "DENY" and r.headers["referrer-policy"] == "same-origin", path
+
+
+async def test_a_form_over_the_limit_is_refused_by_the_one_body_reader(ui: Ui) -> None:
+    """Issue 32 item 5: the UI's forms had a body reader of their own beside the API's; both
+    read through requests.read_body now (413 naming the form once it passes MAX_FORM_BYTES)."""
+    d = ui.data
+    await ui.login(d.token_a)
+    page = (await ui.client.get("/ui/gepa-jobs")).text
+    form = f"csrf={_csrf(page)}&agent_id={d.agent_a}&trainset=".encode()
+    left = MAX_FORM_BYTES + 1 - len(form)
+
+    async def streamed() -> AsyncIterator[bytes]:  # (no declared length: read until over the limit)
+        yield form
+        for start in range(0, left, 65536):
+            yield b"x" * min(65536, left - start)
+
+    headers = {"content-type": "application/x-www-form-urlencoded"}
+    r = await ui.client.post("/ui/gepa-jobs", content=streamed(), headers=headers)
+    assert r.status_code == 413 and f"the form is over {MAX_FORM_BYTES} bytes" in r.text
+
+
+async def test_a_copied_cookie_stops_working_after_sign_out(ui: Ui) -> None:
+    """The cookie held the raw long-lived API token, so a copied cookie still worked after
+    sign-out: it now holds a server-side session id, ended by sign-out, expiring, and ended by
+    revoking its token."""
+    from rollouts.service import ui_sessions
+
+    d = ui.data
+    r = await ui.login(d.token_a)
+    cookie = ui.client.cookies[COOKIE]
+    assert cookie.startswith("rus_") and d.token_a not in r.headers["set-cookie"]
+    assert "max-age" in r.headers["set-cookie"].lower()
+    copied = {"cookie": f"{COOKIE}={cookie}"}
+    async with httpx2.AsyncClient(base_url=ui.client.base_url, timeout=30) as thief:
+        assert (await thief.get("/ui/batches", headers=copied)).status_code == 200
+        page = (await ui.client.get("/ui/batches")).text
+        assert (await ui.client.post("/ui/logout", data={"csrf": _csrf(page)})).status_code == 303
+        r = await thief.get("/ui/batches", headers=copied)
+        assert (r.status_code, r.headers["location"]) == (303, "/ui/login")
+        assert (await thief.get("/ui/api/evals", headers=copied)).status_code == 401
+        # an expired session, and the raw token as a cookie, are refused too
+        started = await ui.store.call(ui_sessions.start_session, d.token_a, -1.0)
+        assert started is not None
+        assert (await thief.get("/ui/batches", headers={"cookie": f"{COOKIE}={started[0]}"})).status_code == 303
+        assert (await thief.get("/ui/batches", headers={"cookie": f"{COOKIE}={d.token_a}"})).status_code == 303
+    assert await ui.store.call(ui_sessions.start_session, "rlt_unknown") is None

@@ -181,3 +181,128 @@ async def test_a_running_gepa_page_updates_itself_by_server_sent_events(site: Si
         page.screenshot(path=site.shots / "gepa-live.png")
 
     await trio.to_thread.run_sync(_in_browser(drive))
+
+
+async def test_the_live_eval_page_updates_its_samples_table(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """The live eval page updated its counters but not the samples table until a reload: the
+    rows come with each live event, for the page's own filters and order."""
+    from _view_data import make_sample, write_eval
+
+    from rollouts.eval.io import SAMPLES_FILE, SampleLog
+
+    _require_browser()
+    run_dir = tmp_path / "run"
+    write_eval(run_dir, [make_sample(0, True), make_sample(1, False)], "live", report=False)  # running
+    catalog = FilesCatalog([run_dir], cache_dir=tmp_path / "cache", refresh_interval=0.1)
+    await catalog.index_once()
+    url = (await nursery.start(serve, create_app(catalog, live_poll_s=0.05))).rstrip("/")
+    run = catalog.run_id(run_dir)
+
+    def append(i: int, correct: bool) -> None:
+        log = SampleLog(run_dir / SAMPLES_FILE)
+        log.write(make_sample(i, correct))
+        log.close()
+
+    def drive(page: Any) -> None:
+        from playwright.sync_api import expect
+
+        page.goto(f"{url}/evals/{run}?sort=reward&order=desc")
+        page.wait_for_selector("body[data-live-updates]", state="attached")
+        rows = page.locator("#samples tbody tr")
+        expect(rows).to_have_count(2)
+        append(2, True)
+        expect(rows).to_have_count(3, timeout=WAIT_MS)
+        expect(page.locator('[data-field="n_samples"]').first).to_have_text("3", timeout=WAIT_MS)
+        ids = [t.strip() for t in page.locator("#samples tbody tr td.mono").all_inner_texts()]
+        assert ids == ["q002", "q000", "q001"], ids  # in the page's order (reward, descending)
+        page.click("#samples tbody tr >> text=q002")  # the new row's link works
+        assert "/samples/q002?" in page.url
+        assert page.evaluate("performance.getEntriesByType('navigation')[0].type") == "navigate"
+
+    await trio.to_thread.run_sync(_in_browser(drive))
+
+
+HOSTILE_MD = (
+    "# Result\n\nThe **answer** is `42`.\n\n```python\nprint('hi')\n```\n\n"
+    '<script>window.__pwned = 1</script>\n<img src=x onerror="window.__pwned = 2">\n'
+    "[click](javascript:window.__pwned=3) ![pic](https://evil.example/x.png) "
+    "<a href='javascript:window.__pwned=4'>raw</a>\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
+)
+
+
+async def test_sample_page_previous_next_markdown_ansi_target_and_collapsing(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """Previous/next follow the table's own filter and order; message text renders as Markdown
+    with a hostile payload inert (the CSP unchanged); tool output's ANSI colours render; the
+    target and each score's explanation show beside the transcript; long outputs start
+    collapsed."""
+    from _view_data import write_eval
+
+    from rollouts.dtypes import Message, Trajectory
+    from rollouts.eval.sample import Metric, Sample, Score
+
+    _require_browser()
+
+    def sample(i: int, reward: float) -> Sample:
+        msgs = (
+            Message("user", f"question {i}"),
+            Message(
+                "tool", "\x1b[31mFAILED\x1b[0m test_x\n" + "".join(f"line {k}\n" for k in range(80)), tool_call_id="c"
+            ),
+            Message("assistant", HOSTILE_MD if i == 1 else f"answer {i}"),
+        )
+        why = {"explanation": f"because {i}"}
+        return Sample(id=f"s{i}", input={"q": f"question {i}", "answer": f"gold {i}"}, trajectory=Trajectory(messages=msgs),
+                      score=Score((Metric("exact", reward, 1.0, why),)), status="completed")  # fmt: skip
+
+    rewards = [0.5, 1.0, 0.0, 1.0, 0.25]
+    write_eval(tmp_path / "run", [sample(i, r) for i, r in enumerate(rewards)], "md")
+    catalog = FilesCatalog([tmp_path / "run"], cache_dir=tmp_path / "cache")
+    await catalog.index_once()
+    url = (await nursery.start(serve, create_app(catalog))).rstrip("/")
+    run = catalog.run_id(tmp_path / "run")
+
+    def drive(page: Any) -> None:
+        dialogs: list[str] = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.goto(f"{url}/evals/{run}?sort=reward&order=desc&metric=exact&op=%3E%3D&value=0.25")
+        # a favicon; a wide table scrolls in its box, the page itself does not
+        icon = page.locator("link[rel=icon]").get_attribute("href")
+        assert page.request.get(url + icon).status == 200
+        page.set_viewport_size({"width": 560, "height": 800})
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        assert page.evaluate(
+            "document.querySelector('.scroll').scrollWidth > document.querySelector('.scroll').clientWidth"
+        )
+        page.set_viewport_size({"width": 1280, "height": 860})
+        ids = [t.strip() for t in page.locator("#samples tbody tr td.mono").all_inner_texts()]
+        assert ids == ["s3", "s1", "s0", "s4"], ids  # s2 filtered out; ties in the sort's direction
+        page.click("#samples >> text=s3")
+        seen = [page.inner_text("h1 .mono")]
+        assert page.locator("#prev-sample").count() == 0
+        while page.locator("#next-sample").count():
+            page.click("#next-sample")
+            seen.append(page.inner_text("h1 .mono"))
+        assert seen == ids, seen
+        page.click("#prev-sample")
+        page.click("#prev-sample")
+        assert page.inner_text("h1 .mono") == "s1"
+        # Markdown rendered, the payload inert
+        md = page.locator("article.assistant .md")
+        assert md.locator("h1").inner_text() == "Result" and md.locator("strong").inner_text() == "answer"
+        assert md.locator("pre code").inner_text().strip() == "print('hi')" and md.locator("table td").count() == 2
+        assert md.locator("script, img, a[href^=javascript]").count() == 0
+        assert "<script>window.__pwned = 1</script>" in md.inner_text()
+        assert page.evaluate("window.__pwned === undefined") and not dialogs
+        # ANSI colours, collapsed long output, target, explanation
+        tool = page.locator("article.tool")
+        assert tool.locator("details.long").count() == 1 and not tool.locator("details.long").get_attribute("open")
+        tool.locator("details.long summary").click()
+        assert tool.locator("span.ansi-fg31").inner_text() == "FAILED"
+        assert "\x1b" not in tool.inner_text()
+        assert page.inner_text("#target") == "gold 1"
+        assert "because 1" in page.inner_text("aside")
+        page.screenshot(path=tmp_path / "sample.png", full_page=True)
+
+    await trio.to_thread.run_sync(_in_browser(drive))

@@ -155,3 +155,18 @@ async def test_runs_without_their_final_file_are_running_until_they_go_quiet(tmp
     os.utime(tmp_path / "gp" / "state.json", (old, old))
     assert (await catalog.get_eval_run(ev)).row.status == "interrupted"
     assert (await catalog.get_gepa_run(gp)).row.status == "interrupted"
+
+
+async def test_a_branch_in_the_sessions_list_shows_its_conversations_first_message_not_its_tool_result(
+    tmp_path: Path,
+) -> None:
+    """Issue 33 item 15: a branch's own history starts mid-conversation (here with a tool
+    result), and the list showed that as the branch's first message."""
+    from _view_data import write_sessions
+
+    parent, branch, _ = await write_sessions(tmp_path / "sessions")
+    catalog = FilesCatalog([tmp_path / "sessions"], cache_dir=tmp_path / "cache")
+    rows = {r.session_id: r for r in (await catalog.list_sessions(SessionQuery())).items}
+    assert rows[parent].preview == "what is 7 + 5 * 3?"
+    assert rows[branch].preview == "what is 7 + 5 * 3?"
+    assert (await catalog.get_session(branch)).row.preview == "what is 7 + 5 * 3?"

@@ -14,7 +14,7 @@ import pytest
 import trio
 from _view_data import make_sample, write_eval
 
-from rollouts.dtypes import Message, Trajectory
+from rollouts.dtypes import Endpoint, Message, Trajectory
 from rollouts.eval.sample import Metric, Sample, Score
 from rollouts.view import FilesCatalog, create_app, serve
 from rollouts.view.guard import TOKEN_COOKIE
@@ -138,7 +138,7 @@ async def test_a_metric_named_with_a_quote_and_a_sample_id_with_a_newline_are_vi
             assert r.status_code == 200, link
         # the odd sample opens from its own link
         href = re.search(r'href="([^"]*/samples/line[^"]*)"', page)
-        assert href and href.group(1).endswith(quote("line one\nline two", safe=""))
+        assert href and href.group(1).split("?")[0].endswith(quote("line one\nline two", safe=""))
         r = await client.get(href.group(1))
         assert r.status_code == 200 and "the answer" in r.text
         r = await client.get(f"/api/evals/{run}/samples/" + quote("line one\nline two", safe=""))
@@ -157,3 +157,40 @@ async def test_a_live_stream_ends_after_its_maximum_lifetime(tmp_path: Path, nur
                 lines = [line async for line in r.aiter_lines()]
     assert lines[0].startswith("retry: ") and lines[1].startswith("data: ")
     assert "event: done" not in lines
+
+
+async def test_a_huge_tool_output_is_cut_at_a_bound_with_show_all(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """A 1 MB tool output of one repeated letter took 165 s to open in Chromium, 8 MB never did:
+    a page shows TEXT_SHOWN characters of a message part, and "show all" loads the rest."""
+    from rollouts.store import FileSessionStore
+    from rollouts.view.render import TEXT_SHOWN
+
+    big = "A" * 1_000_000 + "THE END"
+    rtl = "file\u202eexe.txt"
+    traj = Trajectory(
+        messages=(Message("user", "run it"), Message("tool", big, tool_call_id="c1"), Message("assistant", rtl))
+    )
+    write_eval(tmp_path / "run", [Sample(id="big", input={"q": big}, trajectory=traj, status="completed")], "big")
+    async with FileSessionStore(tmp_path / "sessions", fsync_every=0) as store:
+        s = await store.create(endpoint=Endpoint("openai", "gpt-4.1"))
+        await store.append_message(s.session_id, Message("user", "run it"))
+        await store.append_message(s.session_id, Message("tool", big, tool_call_id="c1"))
+    catalog = FilesCatalog([tmp_path / "run", tmp_path / "sessions"], cache_dir=tmp_path / "cache")
+    url = await _serve(nursery, create_app(catalog), catalog)
+    run = catalog.run_id(tmp_path / "run")
+    async with httpx2.AsyncClient(base_url=url, timeout=30) as client:
+        for page_url in (f"/evals/{run}/samples/big", f"/sessions/{s.session_id}"):
+            r = await client.get(page_url)
+            assert r.status_code == 200 and len(r.content) < 3 * TEXT_SHOWN + 20_000, (page_url, len(r.content))
+            assert "THE END" not in r.text and f"{1_000_007 - TEXT_SHOWN:,} more characters" in r.text
+            more = re.findall(r'href="([^"]*/text/[^"]*)"[^>]*>show all<', r.text)
+            assert len(more) == 1, page_url
+            full = await client.get(more[0].replace("&amp;", "&"))
+            assert full.status_code == 200 and full.headers["content-type"].startswith("text/plain")
+            assert full.text == big
+            assert "frame-ancestors 'none'" in full.headers["content-security-policy"]
+        page = (await client.get(f"/evals/{run}/samples/big")).text
+        assert "\u202e" not in page and "file⟨U+202E⟩exe.txt" in page  # right-to-left override neutralised
+        for bad in ("m=9&p=0", "m=1&p=5", "m=-1&p=0", "m=x&p=0"):
+            r = await client.get(f"/text/sample?run={run}&id=big&{bad}")
+            assert r.status_code in (400, 404), bad

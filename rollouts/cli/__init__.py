@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from rollouts import tracing
 from rollouts.cli.common import (
     ArgumentParser,
     CLIError,
@@ -31,6 +32,7 @@ examples:
   rollouts run -m scripted/calculator --env calculator -p "what is 7 + 5 * 3?"
   rollouts run -m openai-compatible/qwen --api-base http://127.0.0.1:8000/v1 -p "hi"
   rollouts eval data.jsonl -m openai/gpt-4.1 --score exact_match --output results/
+  rollouts eval-set a.jsonl b.jsonl --models openai/gpt-4.1,anthropic/claude-haiku-4-5 --epochs 3
   rollouts gepa train.jsonl -m local/qwen2.5-coder-0.5b --reflection-model anthropic/claude-sonnet-4-5 \\
       --score exact_match --system-prompt "Answer briefly." --budget 200
   rollouts sessions list
@@ -50,6 +52,7 @@ Named endpoints and defaults can live in rollouts.toml or ~/.config/rollouts/con
 _COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("rollouts.cli.run", "run an agent: one question (-p) or an interactive chat"),
     "eval": ("rollouts.cli.eval", "run a dataset through an agent and score it"),
+    "eval-set": ("rollouts.cli.eval_set", "run several datasets with several models into one compared set"),
     "sessions": ("rollouts.cli.sessions", "list, show, branch and export recorded sessions"),
     "gepa": ("rollouts.cli.gepa", "evolve a prompt with GEPA"),
     "view": ("rollouts.cli.view", "browse sessions, evaluations and GEPA runs in a web page"),
@@ -130,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     finally:
+        if tracing.tracer is not None:
+            tracing.disable_tracing()  # (exports the spans still buffered)
         _release_output()  # what the redacting streams hold back: the output ends here
 
 
@@ -149,6 +154,7 @@ def _main(argv: Sequence[str] | None) -> int:
             parser.print_help()
             return 2
         _guard_output(key_variable_names(args))  # + the variables named by flags
+        tracing.enable_tracing_from_env()  # ROLLOUTS_OTEL=1: OpenTelemetry spans over OTLP (OTEL_* variables)
         try:
             return int(args.func(args) or 0)
         except BaseExceptionGroup as group:

@@ -30,6 +30,7 @@ from rollouts.cli.common import (
     read_system_prompt,
     stopped_by_ctrl_c,
 )
+from rollouts.cli.mcp_args import add_mcp_args, check_mcp_args, with_mcp_factory
 from rollouts.cli.tasks import (
     add_task_args,
     builtin_scorers,
@@ -44,6 +45,7 @@ from rollouts.cli.tasks import (
 )
 from rollouts.datasets import BuiltinDataset, builtin_dataset, builtin_dataset_names
 from rollouts.errors import ConfigurationError
+from rollouts.eval.summary import finished_count, unfinished_text
 
 if TYPE_CHECKING:  # (the CLI imports the library lazily, for start-up time)
     from rollouts.eval.config import Dataset, EvalConfig
@@ -98,6 +100,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     add_model_args(p)
     add_env_args(p)
+    add_mcp_args(p)
     g = p.add_argument_group("evaluation")
     add_task_args(g, system_prompt_help="system prompt added before each row's messages")
     g.add_argument("--list-scorers", action="store_true", help="list the built-in scorers and exit")
@@ -115,6 +118,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="run the samples in N worker processes on this machine (same output and resume; "
         "--max-concurrent stays the total in flight). Default 1: in this process",
     )
+    add_epoch_args(g)
     g.add_argument("--output", metavar="DIR", help="results directory (resumes when it exists)")
     again = g.add_mutually_exclusive_group()
     again.add_argument(
@@ -128,6 +132,32 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print the final report as JSON instead of a table")
     p.set_defaults(func=main)
     return p
+
+
+def add_epoch_args(g: Any) -> None:
+    """--epochs, --pass-at, --pass-threshold, --answer-tag (also `rollouts eval-set`'s)."""
+    g.add_argument(
+        "--epochs",
+        type=int,
+        metavar="K",
+        help="run every row K times (sample ids ROW#1..ROW#K) and report mean, max, majority vote and pass@k per row",
+    )
+    g.add_argument(
+        "--pass-at",
+        metavar="K,K,...",
+        help="the k values of pass@k, each at most --epochs (default: 1 and --epochs)",
+    )
+    g.add_argument(
+        "--pass-threshold",
+        type=float,
+        metavar="X",
+        help="the reward at or above which a sample counts as correct for pass@k (default 1.0)",
+    )
+    g.add_argument(
+        "--answer-tag",
+        metavar="TAG",
+        help="majority vote over the text inside <TAG>...</TAG> (default: over the whole response)",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,12 +181,25 @@ def format_table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def epochs_text(epochs: dict[str, Any]) -> list[str]:
+    """The epochs block of the summary: each reducer's mean over the rows."""
+    head = (
+        f"epochs: {epochs['epochs']} per row ({epochs['rows']} rows, {epochs['complete_rows']} with every epoch); "
+        f"correct for pass@k: reward >= {epochs['pass_threshold']:g}"
+    )
+    rows = [["reducer", "mean over rows", "rows"]]
+    for name, value in epochs["reducers"].items():
+        rows.append([name, _fmt(value), str(epochs["rows_per_reducer"][name])])
+    return [head, "", format_table(rows)]
+
+
 def summary_text(report: EvalReport) -> str:
     s = report.summary
     c = s["counts"]
     head = (
         f"{report.eval_name}: {c['total']} samples [{report.status}] in {report.duration_s:.1f}s "
-        f"(completed {c['completed']}, failed {c['failed']}, provider errors {c['provider_error']}, "
+        f"(completed {finished_count(s)}{unfinished_text(s)}, failed {c['failed']}, "
+        f"provider errors {c['provider_error']}, "
         f"reused {report.reused}" + (f", rescored {report.rescored}" if report.rescored else "") + ")"
     )
     rows = [["metric", "mean", "min", "max", "std"]]
@@ -171,6 +214,8 @@ def summary_text(report: EvalReport) -> str:
     if s["turns"]["mean"] is not None:
         tail += f", turns/sample {s['turns']['mean']:.2f}"
     lines = [head, "", format_table(rows), "", tail]
+    if "epochs" in s:
+        lines += ["", *epochs_text(s["epochs"])]
     n_failed = c["failed"] + c["provider_error"]
     if n_failed:  # (report.samples reads samples.jsonl back: only when something failed)
         failed = [x for x in report.samples if x.status in ("failed", "provider_error")]
@@ -283,6 +328,8 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
         factory = environment_factory(args.env or str(config.defaults.get("env") or "basic"), args.cwd)
     else:
         factory = builtin.environment_factory
+    check_mcp_args(getattr(args, "mcp", []))
+    factory = with_mcp_factory(factory, getattr(args, "mcp", []))
     max_turns = args.max_turns if args.max_turns is not None or builtin is None else builtin.max_turns
     stem = builtin.name if builtin is not None else Path(args.dataset).stem
     name = args.name or slug(f"{stem}-{endpoint.provider}-{endpoint.model}")
@@ -295,6 +342,7 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
         "max_concurrent": args.max_concurrent or config.defaults.get("max_concurrent"),
         "sample_timeout_s": args.sample_timeout,
         "provider_error_retries": args.provider_retries,
+        **epoch_settings(args),
     }
     return EvalConfig(
         endpoint=endpoint,
@@ -308,6 +356,24 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
         metadata={"dataset": dataset_ref, "model": f"{endpoint.provider}/{endpoint.model}"},
         **given_settings(given),
     )
+
+
+def epoch_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """EvalConfig's epochs, pass_at, pass_threshold and answer_fn from --epochs, --pass-at,
+    --pass-threshold and --answer-tag (only those given)."""
+    out: dict[str, Any] = {"epochs": args.epochs, "pass_threshold": args.pass_threshold}
+    if args.pass_at:
+        try:
+            out["pass_at"] = tuple(int(k) for k in args.pass_at.split(",") if k.strip())
+        except ValueError:
+            raise CLIError(
+                f"--pass-at takes whole numbers separated by commas (e.g. 1,5), got {args.pass_at!r}"
+            ) from None
+    if args.answer_tag:
+        from rollouts.eval.epochs import tag_answer
+
+        out["answer_fn"] = tag_answer(args.answer_tag)
+    return out
 
 
 def _exit_status(args: argparse.Namespace, report: Any, interrupted: bool) -> int:

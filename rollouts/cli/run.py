@@ -37,6 +37,7 @@ from rollouts.cli.common import (
     rekey_endpoint,
     sessions_dir,
 )
+from rollouts.cli.mcp_args import add_mcp_args, check_mcp_args, with_mcp
 from rollouts.cli.render import JsonRenderer, RunEnd, TerminalRenderer, UserMessage
 from rollouts.config import RolloutsConfig
 from rollouts.dtypes import Actor, AgentState, Endpoint, Message, StopReason, ToolCall, Trajectory, now_iso
@@ -90,6 +91,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object per event instead of text")
     add_model_args(p)
     add_env_args(p)
+    add_mcp_args(p)
     g = p.add_argument_group("agent")
     g.add_argument("--system-prompt", metavar="TEXT", help="system prompt for a new session")
     g.add_argument("--system-prompt-file", metavar="FILE", help="read the system prompt from FILE")
@@ -194,7 +196,11 @@ async def _environment_from_session(session: AgentSession, args: argparse.Namesp
     (`restore_environment`), else a basic one."""
     if args.env:
         env: Environment = await make_environment(args.env, args.cwd, confirm=not args.yes)
-        return env
+        return await with_mcp(env, args.mcp)
+    if args.mcp:
+        raise CLIError(
+            "--mcp with --session needs --env too: a continued session reconnects to the MCP servers it used"
+        )
     try:
         restored = await restore_environment(session)
     except SessionError as e:
@@ -253,7 +259,7 @@ async def _setup(
     endpoint = endpoint_from_args(args, config)
     check_model_available(endpoint)
     env_name = args.env or str(config.defaults.get("env") or "basic")
-    env = await make_environment(env_name, args.cwd, confirm=not args.yes)
+    env = await with_mcp(await make_environment(env_name, args.cwd, confirm=not args.yes), args.mcp)
     initial: tuple[Message, ...] = (Message("system", system_prompt),) if system_prompt else ()
     return _Setup(AgentState(actor=Actor(Trajectory(initial), endpoint), environment=env), env_name, store)
 
@@ -528,6 +534,7 @@ def main(args: argparse.Namespace) -> int:
         raise CLIError("--max-turns must be at least 1")
     if args.cwd and not os.path.isdir(args.cwd):
         raise CLIError(f"--cwd {args.cwd}: no such directory")
+    check_mcp_args(args.mcp)
     config = get_config()
     system_prompt = read_system_prompt(args, config)
     store = None if args.no_session else open_session_store(sessions_dir(args, config))

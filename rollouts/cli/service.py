@@ -8,12 +8,14 @@ PostgreSQL URL with a password: command lines are visible to other users.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -74,7 +76,9 @@ def _add_db(p: argparse.ArgumentParser) -> None:
 def _database_errors() -> tuple[type[BaseException], ...]:
     import sqlite3
 
-    errors: list[type[BaseException]] = [sqlite3.Error]
+    from rollouts.service.store import DatabaseUnavailable
+
+    errors: list[type[BaseException]] = [sqlite3.Error, DatabaseUnavailable]
     try:
         import psycopg
 
@@ -104,6 +108,25 @@ def _logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+async def _stop_on_signal(scope: trio.CancelScope, what: str) -> None:
+    """Stop gracefully on SIGTERM (what systemd and Docker send) or SIGHUP: cancel `scope`,
+    whose cleanup puts running tasks back (a worker) or stops the local workers (serve)."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+        async for signum in signals:
+            print(f"{what}: {signal.Signals(signum).name}, stopping", file=sys.stderr, flush=True)
+            scope.cancel()
+            return
+
+
+async def _stop_when_stdin_closes(scope: trio.CancelScope) -> None:
+    """Stop when stdin reaches its end: the parent (serve) that holds the pipe is gone."""
+    stdin = cast(io.BufferedReader, sys.stdin.buffer)
+    while await trio.to_thread.run_sync(stdin.read1, 4096, abandon_on_cancel=True):
+        pass
+    print("the parent process is gone: stopping", file=sys.stderr, flush=True)
+    scope.cancel()
+
+
 def _serve(args: argparse.Namespace) -> int:
     from rollouts.service.api import ApiLimits
     from rollouts.service.server import serve
@@ -114,6 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signal, nursery.cancel_scope, "rollouts service")
             url = await nursery.start(
                 lambda task_status: serve(
                     _db_url(args),
@@ -151,6 +175,9 @@ def _worker(args: argparse.Namespace) -> int:
         try:
             worker = Worker(store, run_task=BatchTasks(store, policy), concurrency=args.concurrency, lease_s=args.lease)
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(_stop_on_signal, nursery.cancel_scope, f"worker {worker.worker_id}")
+                if args.exit_with_parent:
+                    nursery.start_soon(_stop_when_stdin_closes, nursery.cancel_scope)
                 await nursery.start(worker.run)  # (warmed up and listening: ready for its first task)
                 print(
                     f"worker {worker.worker_id} ready ({args.concurrency} tasks at once)", file=sys.stderr, flush=True
@@ -268,6 +295,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     w.add_argument("--concurrency", type=int, default=16, metavar="N", help="tasks at once (default: 16)")
     w.add_argument("--lease", type=float, default=30.0, metavar="SECONDS", help="task lease (default: 30)")
     _add_policy(w)
+    w.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)  # (serve's local workers)
     w.set_defaults(func=_worker)
 
     t = actions.add_parser("token", help="create, list and revoke API tokens", formatter_class=HelpFormatter)

@@ -5,7 +5,10 @@
   namespace), but the kernel never applies it to a process whose real uid is root, even in a
   user namespace: there the cgroup is the bound. Used only where the hierarchy is writable.
 * `watch_disk()`: sums the workspace's disk usage every few tens of milliseconds while a command
-  runs and sets `stop` when it grew by more than the limit (the command is then killed).
+  runs (less often for a workspace slow to walk) and sets `stop` when it grew by more than the
+  limit, or by more than `MAX_NEW_ENTRIES` files (the command is then killed). The first walk,
+  made as the command starts, is the baseline, so the command does not wait for it. A workspace
+  of more than `MAX_WALK_ENTRIES` entries is not watched.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import trio
 
 _PIDS_ROOT = "/sys/fs/cgroup/pids"
 _GROUP_DIR = "rollouts-sandbox"
-_MAX_ENTRIES = 200_000
+MAX_WALK_ENTRIES = 1_000_000
+MAX_NEW_ENTRIES = 100_000
 _POLL_S = 0.05
 _counter = itertools.count()
 
@@ -59,9 +63,9 @@ def _make_group(path: str, max_processes: int) -> None:
         f.write(str(max_processes))
 
 
-def disk_usage(root: str) -> int:
-    """Bytes of disk used by the files under `root` (blocks, hard links and symlinks not
-    followed); past `_MAX_ENTRIES` entries it stops counting and returns a huge number."""
+def disk_usage(root: str) -> tuple[int, int]:
+    """(bytes of disk used, entries) under `root` (blocks; hard links counted once per name,
+    symlinks not followed); the walk stops past `MAX_WALK_ENTRIES` entries."""
     total = 0
     entries = 0
     stack = [root]
@@ -73,8 +77,8 @@ def disk_usage(root: str) -> int:
         with it:
             for e in it:
                 entries += 1
-                if entries > _MAX_ENTRIES:
-                    return 1 << 62
+                if entries > MAX_WALK_ENTRIES:
+                    return total, entries
                 try:
                     st = e.stat(follow_symlinks=False)
                 except OSError:
@@ -82,21 +86,25 @@ def disk_usage(root: str) -> int:
                 total += st.st_blocks * 512
                 if e.is_dir(follow_symlinks=False):
                     stack.append(e.path)
-    return total
+    return total, entries
 
 
-async def watch_disk(root: str, baseline: int, limit: int, stop: trio.Event, why: list[str]) -> None:
-    """Until cancelled: every `_POLL_S` (longer for a workspace slow to walk), measure `root`;
-    once it holds more than `baseline + limit` bytes, record why in `why` and set `stop`."""
-    interval = _POLL_S
+async def watch_disk(root: str, limit: int, stop: trio.Event, why: list[str]) -> None:
+    """Until cancelled: measure `root` (the first time as the baseline), then every `_POLL_S`
+    (longer for a workspace slow to walk); once it grew by more than `limit` bytes or
+    `MAX_NEW_ENTRIES` entries, record why in `why` and set `stop`."""
+    t0 = time.monotonic()
+    base_bytes, base_entries = await trio.to_thread.run_sync(disk_usage, root, abandon_on_cancel=True)
+    if base_entries > MAX_WALK_ENTRIES:
+        return  # too big to watch: only the file-size limit applies
+    interval = max(_POLL_S, 4 * (time.monotonic() - t0))
     while True:
         await trio.sleep(interval)
         t0 = time.monotonic()
-        used = await trio.to_thread.run_sync(disk_usage, root, abandon_on_cancel=True)
-        if used - baseline > limit:
-            why.append(
-                f"the command wrote more than {limit} bytes to the workspace (the sandbox's disk limit); it was stopped"
-            )
+        used, entries = await trio.to_thread.run_sync(disk_usage, root, abandon_on_cancel=True)
+        if used - base_bytes > limit or entries - base_entries > MAX_NEW_ENTRIES:
+            grew = f"more than {limit} bytes" if used - base_bytes > limit else f"more than {MAX_NEW_ENTRIES} files"
+            why.append(f"the command wrote {grew} to the workspace (the sandbox's disk limit); it was stopped")
             stop.set()
             return
         interval = max(_POLL_S, 4 * (time.monotonic() - t0))

@@ -43,7 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 import trio
 
 from rollouts.environments._process import CommandResult, run_command
-from rollouts.environments._sandbox_limits import disk_usage, pids_cgroup, watch_disk
+from rollouts.environments._sandbox_limits import pids_cgroup, watch_disk
 from rollouts.errors import ConfigurationError
 
 __all__ = [
@@ -105,7 +105,9 @@ class SandboxLimits:
         max_processes: processes at once (RLIMIT_NPROC inside the sandbox, and a cgroup's
             `pids.max` where one is writable).
         file_size_bytes: the largest file a process may write (RLIMIT_FSIZE).
-        disk_bytes: how much one command may add to the workspace (checked every 50 ms; None: no check).
+        disk_bytes: how much one command may add to the workspace (checked every 50 ms, less often
+            for a workspace slow to walk, which also may not gain 100,000 files; a workspace of
+            over a million entries is not checked; None: no check).
         tmp_bytes: the size of the private `/tmp`.
     """
 
@@ -222,17 +224,23 @@ async def _run_watched(
     env: Mapping[str, str],
     limits: SandboxLimits,
     cgroups: Sequence[str] = (),
+    bwrap: bool = False,
 ) -> CommandResult:
     """`run_command` with the workspace's growth watched (see `_sandbox_limits.watch_disk`)."""
     if limits.disk_bytes is None:
         return await run_command(
-            argv, cwd=workspace, timeout_s=timeout_s, max_output_bytes=max_output_bytes, env=env, cgroups=cgroups
+            argv,
+            cwd=workspace,
+            timeout_s=timeout_s,
+            max_output_bytes=max_output_bytes,
+            env=env,
+            cgroups=cgroups,
+            bwrap=bwrap,
         )
-    baseline = await trio.to_thread.run_sync(disk_usage, workspace, abandon_on_cancel=True)
     stop = trio.Event()
     why: list[str] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch_disk, workspace, baseline, limits.disk_bytes, stop, why)
+        nursery.start_soon(watch_disk, workspace, limits.disk_bytes, stop, why)
         r = await run_command(
             argv,
             cwd=workspace,
@@ -241,6 +249,7 @@ async def _run_watched(
             env=env,
             stop=stop,
             cgroups=cgroups,
+            bwrap=bwrap,
         )
         nursery.cancel_scope.cancel()
     if r.stopped and why:
@@ -285,7 +294,10 @@ class BubblewrapSandbox:
 
     def argv(self, command: Sequence[str], workspace: str) -> list[str]:
         """The full `bwrap ... prlimit ... -- command` line for `command` in `workspace`."""
-        a = [shutil.which(self.bwrap) or self.bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
+        # No --die-with-parent: it fires when the *thread* that started bwrap ends, and trio
+        # starts processes from worker threads that retire. `run_command(bwrap=True)` kills the
+        # sandbox's init instead, and the PID namespace takes every process with it.
+        a = [shutil.which(self.bwrap) or self.bwrap, "--unshare-all", "--new-session"]
         a += ["--cap-drop", "ALL", "--hostname", "sandbox"]
         if self.allow_network:
             a.append("--share-net")
@@ -323,6 +335,7 @@ class BubblewrapSandbox:
                 env={**env, "HOME": _SANDBOX_HOME},
                 limits=self.limits,
                 cgroups=(group,) if group else (),
+                bwrap=True,  # no supervisor: the PID namespace ends every process with bwrap's init
             )
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -84,11 +85,21 @@ class EvalConfig:
         without output_dir; with one, `report.samples` is read back from samples.jsonl when
         first used, so a 100,000-row run does not hold 100,000 trajectories). False: never
         (the report has its summary; samples go to on_sample_end and samples.jsonl only).
-    eval_name: names the evaluation in the report (resume refuses a different name).
+    eval_name: names the evaluation in the report and the viewer (resume refuses a different
+        name). Default: `<task>-<model>-<UTC time>`, the task being the output_dir's name (else
+        the environment's, else "eval"), e.g. `gsm8k-gpt-4.1-mini-20261127-013000`; resuming
+        an output_dir keeps the name it has.
     show_progress: progress on stderr: a live bar on a terminal, else a line every 30 seconds.
     on_sample_start(sample_id, row) / on_sample_event(sample_id, event) / on_sample_end(sample):
         callbacks, sync or async; an exception in one fails that sample.
     metadata: free-form JSON-safe data recorded in report.json.
+    epochs: run every row this many times (sample ids `<row id>#1`..`#k`) and reduce each row's
+        epochs (rollouts.eval.epochs): mean, max, majority vote over `answer_fn`'s answers, and
+        unbiased pass@k for each k of `pass_at` (default: 1 and `epochs`); in
+        `report.summary["epochs"]`. `max_samples` counts rows.
+    pass_at: the k values of pass@k (each 1 <= k <= epochs).
+    pass_threshold: the reward at or above which a sample counts as correct for pass@k (default 1.0).
+    answer_fn: `Sample -> str | None`, the answer majority vote counts (default: the response text).
     """
 
     endpoint: Endpoint
@@ -109,12 +120,16 @@ class EvalConfig:
     rescore: bool = False
     overwrite: bool = False
     keep_samples: bool | None = None
-    eval_name: str = "eval"
+    eval_name: str | None = None
     show_progress: bool = True
     on_sample_start: OnSampleStart | None = None
     on_sample_event: OnSampleEvent | None = None
     on_sample_end: OnSampleEnd | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    epochs: int = 1
+    pass_at: tuple[int, ...] | None = None
+    pass_threshold: float = 1.0
+    answer_fn: Callable[[Sample], str | None] | None = None
 
     def __post_init__(self) -> None:
         def positive(name: str, value: float | None, allow_none: bool = True) -> None:
@@ -140,13 +155,31 @@ class EvalConfig:
             raise ConfigurationError("EvalConfig.retry_backoff_s and retry_backoff_max_s must be >= 0")
         if self.rescore and self.overwrite:
             raise ConfigurationError("EvalConfig: give rescore or overwrite, not both")
-        if not self.eval_name:
-            raise ConfigurationError("EvalConfig.eval_name must not be empty")
+        if self.eval_name is not None and not self.eval_name:
+            raise ConfigurationError("EvalConfig.eval_name must not be empty (None: named by task, model and time)")
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or not 1 <= self.epochs <= 10_000:
+            raise ConfigurationError(f"EvalConfig.epochs must be a whole number from 1 to 10000, got {self.epochs!r}")
+        if self.pass_at is not None:
+            object.__setattr__(self, "pass_at", tuple(self.pass_at))
+            bad = [
+                k for k in self.pass_at if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.epochs
+            ]
+            if bad or not self.pass_at:
+                raise ConfigurationError(
+                    f"EvalConfig.pass_at must list k values from 1 to epochs ({self.epochs}), got {self.pass_at!r}"
+                )
         if self.run_config is not None and self.run_config.cancel_scope is not None:
             raise ConfigurationError(
                 "EvalConfig.run_config.cancel_scope must be None: evaluate() gives each sample its own "
                 "(use sample_timeout_s for a time limit, or cancel the surrounding scope to stop the eval)"
             )
+
+    @property
+    def pass_at_k(self) -> tuple[int, ...]:
+        """The k values pass@k is reported for: `pass_at`, else 1 and `epochs` (only 1 for one epoch)."""
+        if self.pass_at is not None:
+            return tuple(sorted(set(self.pass_at)))
+        return tuple(sorted({1, self.epochs}))
 
     @property
     def effective_max_turns(self) -> int:
@@ -180,6 +213,24 @@ class EvalConfig:
         """The task-level fingerprint (see rollouts.eval.fingerprint); each sample adds its messages."""
         return task_fingerprint(self)
 
+    def named(self, previous: str | None = None) -> EvalConfig:
+        """This config with its `eval_name` set: as given, else `previous` (the name an
+        output_dir's report has), else `<task>-<model>-<UTC time>`."""
+        if self.eval_name is not None:
+            return self
+        if previous:
+            return replace(self, eval_name=previous)
+        factory = self.environment_factory
+        task = (
+            Path(self.output_dir).name
+            if self.output_dir is not None
+            else getattr(factory, "__name__", None)
+            if factory is not None
+            else None
+        ) or "eval"
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        return replace(self, eval_name=f"{task}-{self.endpoint.model}-{stamp}")
+
     @property
     def keeps_samples(self) -> bool:
         """Whether evaluate() holds finished samples in memory (see `keep_samples`)."""
@@ -204,6 +255,10 @@ class EvalConfig:
             "retry_backoff_max_s": self.retry_backoff_max_s,
             "output_dir": str(self.output_dir) if self.output_dir is not None else None,
             "metadata": redact_secrets(dict(self.metadata)),
+            "epochs": self.epochs,
+            "pass_at": list(self.pass_at_k),
+            "pass_threshold": self.pass_threshold,
+            "answer_fn": _callable_name(self.answer_fn),
             "fingerprint": self.fingerprint.to_dict(),
             "output_hash": output_hash(self),
         }

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from rollouts.errors import ConfigurationError
 from rollouts.eval.config import EvalConfig, Row
+from rollouts.eval.epochs import EPOCHS_FILE
 from rollouts.eval.fingerprint import Fingerprint, describe_parts
 from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, read_json, row_json
 from rollouts.eval.sample import Sample
@@ -48,7 +49,7 @@ def input_digest(row: Mapping[str, Any]) -> bytes:
 
 def remove_previous(out: Path) -> None:
     """Delete the results of an earlier run in `out` (EvalConfig.overwrite)."""
-    for name in (SAMPLES_FILE, REPORT_FILE):
+    for name in (SAMPLES_FILE, REPORT_FILE, EPOCHS_FILE):
         (out / name).unlink(missing_ok=True)
 
 

@@ -62,10 +62,11 @@ from rollouts.eval.config import (
     ScoreFn,
     default_prepare_messages,
 )
+from rollouts.eval.epochs import EpochReducer, EpochRow, epoch_reducer, epoch_rows, with_epochs, write_epochs
 from rollouts.eval.executor import Executor, InProcess, Submit, with_limiters
 from rollouts.eval.fingerprint import messages_hash
 from rollouts.eval.ids import SampleIds
-from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, SampleLog, StreamedList, write_json_atomic
+from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, SampleLog, StreamedList, read_json, write_json_atomic
 from rollouts.eval.progress import ProgressBar
 from rollouts.eval.report import EvalReport, ReportStatus, load_report, read_samples
 from rollouts.eval.resume import Decision, PreviousSamples, check_report, remove_previous
@@ -96,6 +97,8 @@ __all__ = [
 
 def sample_id_for(row: Row, index: int) -> str:
     """A row's stable id: its own `id` field if it has one, else its index in the dataset."""
+    if isinstance(row, EpochRow):
+        return row.sample_id
     rid = row.get("id")
     return str(rid) if rid is not None and rid != "" else str(index)
 
@@ -177,6 +180,7 @@ class _Run:
     results: dict[str, Sample] | None = None
     reused: int = 0
     rescored: int = 0
+    epochs: EpochReducer | None = None  # EvalConfig.epochs > 1: each row's epochs, reduced
     fatal: list[BaseException] = field(default_factory=list)  # ends the whole evaluation
     in_flight: set[str] = field(default_factory=set)  # admitted, not yet recorded (<= max_concurrent)
 
@@ -191,6 +195,8 @@ class _Run:
             self.results[sample.id] = sample
         if self.summary is not None:
             self.summary.add(sample)
+        if self.epochs is not None:
+            self.epochs.add(sample)
         self.progress.update(sample, reused=reused)
 
     def admit(self, row: Any, index: int) -> str:
@@ -220,8 +226,10 @@ class _Run:
             assert out is not None or not self.config.keeps_samples
             ids = self._finished_ids(order) if self.in_flight else order
             samples = (lambda: read_samples(out, ids)) if out is not None else ()
+        if self.epochs is not None:
+            summary = with_epochs(summary, samples, self.epochs)
         return EvalReport(
-            eval_name=self.config.eval_name,
+            eval_name=self.config.eval_name or "eval",
             samples=samples,
             summary=summary,
             config=self.config.to_dict,  # computed when first read (or written)
@@ -239,6 +247,17 @@ class _Run:
     def _finished_ids(self, order: SampleIds) -> tuple[str, ...]:
         # A cancelled run: the rows admitted but not finished are left out of the report.
         return tuple(sid for sid in order if sid not in self.in_flight)
+
+
+def _previous_name(config: EvalConfig) -> str | None:
+    """The eval_name of the report in `config.output_dir`, if there is one (resume keeps it)."""
+    if config.eval_name is not None or config.output_dir is None or config.overwrite:
+        return None
+    try:
+        name = read_json(Path(config.output_dir) / REPORT_FILE).get("eval_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) and name else None
 
 
 @dataclass(frozen=True)
@@ -333,7 +352,8 @@ async def admitted_rows(
     config = run.config
     rows = _Rows(dataset)
     index = 0
-    while config.max_samples is None or index < config.max_samples:
+    limit = config.max_samples * config.epochs if config.max_samples is not None else None
+    while limit is None or index < limit:
         token = object()
         await slots.acquire_on_behalf_of(token)
         try:
@@ -370,19 +390,25 @@ async def evaluate(
     in each worker by its `worker_config`)."""
     started_at, t0 = now_iso(), time.perf_counter()
     executor = executor if executor is not None else InProcess()
+    config = config.named(_previous_name(config))  # (by task, model and time unless given or resumed)
     executor.prepare(config)  # (refuses what cannot run there before any file is written)
     run_cfg = with_limiters(config)
     run_cfg.fingerprint  # noqa: B018 (computed once, before any sample: it reads source files)
     output = _open(config)
     out, log = (output.path, output.log) if output is not None else (None, None)
     previous = output.previous if output is not None else None
+    length = _dataset_len(dataset, config.max_samples)
+    if config.epochs > 1:
+        dataset = epoch_rows(dataset, config.epochs, config.max_samples)
+        length = length * config.epochs if length is not None else None
     progress = ProgressBar(
-        _dataset_len(dataset, config.max_samples),
+        length,
         enabled=None if config.show_progress else False,
-        label=config.eval_name,
+        label=config.eval_name or "eval",
     )
     keep = config.keeps_samples
     run = _Run(config, out, progress, log, previous, None if keep else SummaryBuilder(), results={} if keep else None)
+    run.epochs = epoch_reducer(config)
 
     async def run_samples() -> None:
         try:
@@ -403,6 +429,8 @@ async def evaluate(
                 data = report.to_dict(include_ids=False)
                 data["sample_ids"] = StreamedList(report.ids)  # (written one by one: flat at 100,000 rows)
                 write_json_atomic(out / REPORT_FILE, data)
+                if run.epochs is not None:
+                    write_epochs(out, run.epochs)
         finally:
             if output is not None:
                 output.lock.release()  # the directory's last write is done

@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from rollouts import tracing as _tracing
 from rollouts._awaitable import maybe_await as _maybe_await
 from rollouts.agents import run_agent
 from rollouts.dtypes import Actor, AgentState, Message, StopReason, Trajectory
@@ -59,6 +60,18 @@ def _needs_positional(fn: Callable[..., Any]) -> bool:
     return any(
         p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in sig.parameters.values()
     )
+
+
+_LIMIT_STOPS = (StopReason.MAX_TURNS, StopReason.BUDGET_EXCEEDED, StopReason.CONTEXT_TOO_LONG)
+
+
+def unfinished_stop(state: AgentState) -> str | None:
+    """The stop reason if the run ended before its task did: a limit, or a text answer from a
+    model that had tools to finish with (`no_tool_called`; without tools a text answer is the
+    result). The eval table counts such samples apart from finished ones."""
+    if state.stop in _LIMIT_STOPS or (state.stop == StopReason.NO_TOOL_CALLED and state.actor.tools):
+        return state.stop.value if state.stop is not None else None
+    return None
 
 
 def error_text(stage: str, e: BaseException) -> str:
@@ -125,6 +138,9 @@ class _Run:
             last = states[-1]
             meta["turns"] = last.turn_idx
             meta["usage"] = last.actor.trajectory.total_usage().to_dict()
+            early = unfinished_stop(last)
+            if early is not None:
+                meta["unfinished"] = early
         return meta
 
     def failed(
@@ -242,6 +258,19 @@ def _agent_outcome(run: _Run, agent: _Agent) -> Sample:
     return replace(sample, status="completed", metadata=run.metadata(agent.attempts, agent.states))
 
 
+async def _with_environment_state(run: _Run, sample: Sample, agent: _Agent) -> Sample:
+    """`sample` with the final environment's `serialize()` (what the score function sees as
+    `sample.environment_state`); failed, naming the error, if serializing raises."""
+    env = agent.states[-1].environment
+    if env is None:
+        return sample
+    try:
+        state = await env.serialize()
+    except Exception as e:
+        return run.failed(error_text("environment.serialize", e), sample, agent.attempts, agent.states)
+    return replace(sample, environment_state=state)
+
+
 # --------------------------------------------------------------------------------------------
 # Phase 3: scoring
 # --------------------------------------------------------------------------------------------
@@ -296,6 +325,20 @@ async def evaluate_sample(
 
     A run that stops for any reason of the agent's own (no tool called, max turns, context too
     long, a tool error handler) is "completed" and scored: that is the model's result."""
+    if _tracing.tracer is None:
+        return await _evaluate_sample(row, sample_id, config, environment)
+    attributes = {
+        "rollouts.eval.name": config.eval_name,
+        "rollouts.sample.id": sample_id,
+        "rollouts.sample.epoch": getattr(row, "epoch", None),  # (an EpochRow: EvalConfig.epochs > 1)
+    }
+    with _tracing.span("evaluate_sample", attributes) as span:
+        sample = await _evaluate_sample(row, sample_id, config, environment)
+        _tracing.sample_result(span, sample)
+        return sample
+
+
+async def _evaluate_sample(row: Row, sample_id: str, config: EvalConfig, environment: Environment | None) -> Sample:
     run = _Run(config, row, sample_id)
     made = await _set_up(run, environment)
     if isinstance(made, Sample):
@@ -308,6 +351,8 @@ async def evaluate_sample(
         if isinstance(agent, Sample):
             return await finish_sample(config, agent)
         sample = _agent_outcome(run, agent)
+        if sample.status == "completed":
+            sample = await _with_environment_state(run, sample, agent)
         if sample.status == "completed":
             sample = await _score(config, sample, run.deadline, run.timeout_text)
             if sample.status == "completed":  # the duration covers scoring too

@@ -148,6 +148,20 @@ class RunningStats:
         return {"n": self.n, "mean": float(total / self.n), "min": self.min, "max": self.max, "std": std}
 
 
+def finished_count(summary: Mapping[str, Any]) -> int:
+    """Completed samples whose run ended the task itself: not those whose metadata says
+    `unfinished` (a limit stopped them, or they had tools and ended in text: run_sample's
+    `unfinished_stop`). Such a sample is "completed" (it ran and was scored) but the eval table
+    counts it apart."""
+    unfinished: Mapping[str, int] = summary.get("unfinished") or {}
+    return int(summary["counts"]["completed"]) - sum(unfinished.values())
+
+
+def unfinished_text(summary: Mapping[str, Any]) -> str:
+    """`, max_turns 1, no_tool_called 2` (the completed samples that ended early), or ''."""
+    return "".join(f", {reason} {n}" for reason, n in (summary.get("unfinished") or {}).items())
+
+
 class SummaryBuilder:
     """`summarize()` one sample at a time, in memory that does not grow with the samples
     (evaluate() keeps one while a run goes, so a 100,000-row run needs no list of samples)."""
@@ -158,6 +172,7 @@ class SummaryBuilder:
         self.reward_all = RunningStats()
         self.metrics: dict[str, RunningStats] = {}
         self.stop_reasons: dict[str, int] = {}
+        self.unfinished: dict[str, int] = {}  # completed samples whose run ended before the task did
         self.turns = RunningStats()
         self.durations = RunningStats()
         self.usage = Usage()
@@ -169,6 +184,9 @@ class SummaryBuilder:
         self.counts[s.status] = self.counts.get(s.status, 0) + 1
         if s.stop_reason:
             self.stop_reasons[s.stop_reason] = self.stop_reasons.get(s.stop_reason, 0) + 1
+        early = s.metadata.get("unfinished")
+        if s.status == "completed" and isinstance(early, str):
+            self.unfinished[early] = self.unfinished.get(early, 0) + 1
         if s.score is not None:
             self.rewards.add(s.score.reward)
             judged = False
@@ -214,6 +232,7 @@ class SummaryBuilder:
             "turns": {**self.turns.to_dict(), "total": int(self.turns.total)},
             "duration_s": self.durations.to_dict(),
             "stop_reasons": dict(sorted(self.stop_reasons.items())),
+            "unfinished": dict(sorted(self.unfinished.items())),
         }
 
 
@@ -275,8 +294,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     c = summary["counts"]
     r = summary["reward"]
     lines = [
-        f"samples: {c['total']} (completed {c['completed']}, failed {c['failed']}, "
-        f"provider errors {c['provider_error']})",
+        f"samples: {c['total']} (completed {finished_count(summary)}{unfinished_text(summary)}, "
+        f"failed {c['failed']}, provider errors {c['provider_error']})",
     ]
     if r["mean"] is not None:
         lines.append(f"reward: mean {r['mean']:.4f}  min {r['min']:.4f}  max {r['max']:.4f}  std {r['std']:.4f}")

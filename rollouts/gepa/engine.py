@@ -27,6 +27,8 @@ several iterations overlap instead, each planned without the results of the prev
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import time
 from collections import deque
@@ -37,15 +39,24 @@ from typing import Any
 
 import trio
 
+from rollouts import tracing as _tracing
 from rollouts._dirlock import DirectoryLock
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ConfigurationError
-from rollouts.gepa.adapter import Candidate, EvaluationBatch, GEPAAdapter
+from rollouts.gepa.adapter import Candidate, GEPAAdapter
 from rollouts.gepa.budget import Budget
+from rollouts.gepa.cache import CACHE_FILE, CachedEvaluation, EvaluationCache
 from rollouts.gepa.checkpoint import REFLECTIONS_FILE, load_state, save_state
 from rollouts.gepa.config import GEPAConfig
 from rollouts.gepa.events import GEPACallback, GEPAEvent, emit_event
-from rollouts.gepa.proposers import ProposalOutcome, Proposer, ReflectionJournal, merge_subsample, plan_merge
+from rollouts.gepa.proposers import (
+    ProposalOutcome,
+    Proposer,
+    ReflectionJournal,
+    merge_subsample,
+    parent_eval_id,
+    plan_merge,
+)
 from rollouts.gepa.result import CandidateRecord, GEPAResult, IterationRecord
 from rollouts.gepa.selectors import EpochShuffledBatchSampler, candidate_selector, component_selector
 from rollouts.gepa.state import Carry, GEPAState, ProposalSpec
@@ -107,8 +118,20 @@ class GEPAEngine:
         self.candidate_selector = candidate_selector(config.candidate_selection)
         self.component_selector = component_selector(config.component_selection)
         self.sampler = EpochShuffledBatchSampler(config.reflection_minibatch_size)
+        self._first_stage = first_stage(len(valset), config)
         self.fingerprint = {**config.fingerprint(), **(data_fingerprint or {}), "seed_candidate": self.seed_candidate}
         self.journal = ReflectionJournal(self.run_dir / REFLECTIONS_FILE if self.run_dir else None)
+        self.cache = EvaluationCache(
+            self.run_dir / CACHE_FILE if self.run_dir else None,
+            scoring=_scoring_fingerprint(adapter, data_fingerprint or {}),
+            window=config.proposals_in_flight,
+            enabled=config.cache_evaluations,
+            encode=getattr(adapter, "encode_trajectory", None),
+            decode=getattr(adapter, "decode_trajectory", None),
+        )
+        self._eval_counts: dict[str, tuple[int, int]] = {}
+        self._held: dict[int, list[GEPAEvent]] = {}  # a speculative iteration's events, until it is resolved
+        self._release: tuple[int, GEPAEvent | None] | None = None
         self.proposer = Proposer(
             adapter,
             self.trainset,
@@ -116,6 +139,7 @@ class GEPAEngine:
             reflection_endpoint=reflection_endpoint,
             reflection_prompt=config.reflection_prompt,
             journal=self.journal,
+            cache=self.cache,
             skip_perfect_score=config.skip_perfect_score,
             perfect_score=config.perfect_score,
             on_evaluation=self._on_evaluation,
@@ -130,12 +154,10 @@ class GEPAEngine:
 
     # ---- events -------------------------------------------------------------------------------
 
-    async def _emit(self, kind: Any, message: str = "", *, iteration: int | None = None, **data: Any) -> None:
-        if not self.callbacks:
-            return
+    def _event(self, kind: Any, message: str, iteration: int | None, data: dict[str, Any]) -> GEPAEvent:
         s = self.state
         has = bool(s.candidates)
-        event = GEPAEvent(
+        return GEPAEvent(
             kind=kind,
             iteration=s.iteration if iteration is None else iteration,
             metric_calls=s.budget.shown,
@@ -146,14 +168,52 @@ class GEPAEngine:
             message=message,
             data=data,
         )
+
+    async def _emit(self, kind: Any, message: str = "", *, iteration: int | None = None, **data: Any) -> None:
+        if not self.callbacks:
+            return
+        event = self._event(kind, message, iteration, data)
+        held = self._held.get(event.iteration)
+        if held is not None and kind in ("evaluation", "reflection"):
+            held.append(event)  # (a speculative iteration's: told once the iteration it overlaps has ended)
+            return
         await emit_event(self.callbacks, event)
 
-    async def _on_evaluation(self, eval_id: str, n: int, batch: EvaluationBatch) -> None:
-        self.state.budget.finished(n)
-        await self._emit("evaluation", eval_id, eval_id=eval_id, n=n, scores=list(batch.scores))
+    async def _release_held(self) -> None:
+        """Tell the events of the speculative iteration just resolved: its start, what it did so
+        far and, when it was dropped, that it was. Called right after the event of what it
+        overlapped (`seed_evaluated`, `iteration_end`), so no two iterations are ever open at once
+        in the events (with proposals_in_flight=1) and each event falls between its own
+        iteration's start and end."""
+        if self._release is None:
+            return
+        iteration, closing = self._release
+        self._release = None
+        held = self._held.get(iteration, [])
+        while held:
+            await emit_event(self.callbacks, held.pop(0))
+        self._held.pop(iteration, None)  # (no await since the list was found empty: nothing is lost)
+        if closing is not None:
+            await emit_event(self.callbacks, closing)
+
+    async def _on_evaluation(self, eval_id: str, iteration: int, result: CachedEvaluation) -> None:
+        self.state.budget.finished(result.calls)
+        self._eval_counts[eval_id] = (result.calls, result.saved)
+        await self._emit(
+            "evaluation",
+            eval_id,
+            iteration=iteration,
+            eval_id=eval_id,
+            n=len(result.batch.scores),
+            calls=result.calls,
+            saved=result.saved,
+            scores=list(result.batch.scores),
+        )
 
     async def _on_reflection(self, iteration: int, component: str, old: str, new: str) -> None:
-        await self._emit("reflection", f"it {iteration}: new {component}", component=component, old=old, new=new)
+        await self._emit(
+            "reflection", f"it {iteration}: new {component}", iteration=iteration, component=component, old=old, new=new
+        )
 
     # ---- state --------------------------------------------------------------------------------
 
@@ -162,6 +222,8 @@ class GEPAEngine:
             self._init_state()
             return
         self._lock = DirectoryLock.acquire(self.run_dir, "GEPA run_dir")  # one writer (released by run())
+        self.journal.open()
+        self.cache.open()
         saved = load_state(self.run_dir)
         if saved is None:
             self._init_state()
@@ -182,6 +244,8 @@ class GEPAEngine:
                 "(max_metric_calls, --budget); its result so far is in result.json"
             )
         self.state = saved
+        self.state.front_type = self.config.frontier_type
+        self.cache.set_horizon(saved.cache_records)
 
     def _release_lock(self) -> None:
         if self._lock is not None:
@@ -196,6 +260,7 @@ class GEPAEngine:
             budget=Budget(self.config.max_metric_calls),
         )
         self.state.fingerprint = dict(self.fingerprint)
+        self.state.front_type = self.config.frontier_type
 
     def _checkpoint(self) -> None:
         """Save the state as it is now, in the background: the run goes on while the file is
@@ -205,6 +270,7 @@ class GEPAEngine:
             return
         self._saves += 1
         assert self._nursery is not None
+        self.state.cache_records = self.cache.count
         self._nursery.start_soon(self._save, self._saves, self.state.to_dict())
 
     async def _save(self, number: int, data: dict[str, Any]) -> None:
@@ -222,17 +288,29 @@ class GEPAEngine:
         self,
         candidate: Candidate,
         eval_id: str,
+        iteration: int,
         known: Mapping[int, float],
         known_obj: Mapping[int, Any],
         meanwhile: Callable[[], trio.Event | None] | None = None,
+        only: Sequence[int] | None = None,
     ) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
-        """Scores on the validation instances not in `known`, cut to the budget left. The calls
-        are reserved first; then `meanwhile()` may start work that runs alongside (and return an
-        event to wait for before this evaluation starts)."""
+        """Scores on the validation instances not in `known`, cut to the budget left (instances
+        the cache answers cost nothing and are never cut). The calls are reserved first; then
+        `meanwhile()` may start work that runs alongside (and return an event to wait for before
+        this evaluation starts). `only`: these validation instances, not all of them."""
         s = self.state
-        todo = [k for k in range(len(self.valset)) if k not in known]
-        todo = todo[: s.budget.cut(len(todo))]
-        s.budget.reserve(len(todo))
+        left = s.budget.cut(len(self.valset))
+        todo: list[int] = []
+        costing = 0
+        for k in range(len(self.valset)) if only is None else sorted(only):
+            if k in known:
+                continue
+            if self.cache.would_cost(candidate, self.valset[k], eval_id=eval_id, iteration=iteration):
+                if costing >= left:
+                    continue
+                costing += 1
+            todo.append(k)
+        s.budget.reserve(costing)
         first = meanwhile() if meanwhile is not None else None
         if first is not None:
             # The iteration started early evaluates its parent on the minibatch first (a few
@@ -241,14 +319,18 @@ class GEPAEngine:
             # behind a whole validation set.
             await first.wait()
         scores, objectives = dict(known), {k: dict(v) for k, v in known_obj.items()}
+        used = 0
         if todo:
-            batch = await self.proposer.evaluate(
-                [self.valset[k] for k in todo], candidate, capture=False, eval_id=eval_id
+            evaluated = await self.proposer.evaluate(
+                [self.valset[k] for k in todo], candidate, capture=False, eval_id=eval_id, iteration=iteration
             )
+            batch = evaluated.batch
             scores.update((k, float(x)) for k, x in zip(todo, batch.scores, strict=True))
             if batch.objective_scores is not None:
                 objectives.update((k, dict(o)) for k, o in zip(todo, batch.objective_scores, strict=True))
-        s.budget.settle(reserved=len(todo), used=len(todo))
+            used = evaluated.calls
+            s.calls_saved += evaluated.saved
+        s.budget.settle(reserved=costing, used=used)
         return scores, objectives
 
     async def _evaluate_seed(self) -> str:
@@ -259,7 +341,7 @@ class GEPAEngine:
             speculation = self._speculate(0, self.seed_candidate, ())
             return speculation[1].parent_done if speculation is not None else None
 
-        scores, objectives = await self._evaluate_val(self.seed_candidate, "seed-val", {}, {}, meanwhile)
+        scores, objectives = await self._evaluate_val(self.seed_candidate, "seed-val", 0, {}, {}, meanwhile)
         record = CandidateRecord(
             idx=0,
             components=dict(self.seed_candidate),
@@ -267,9 +349,17 @@ class GEPAEngine:
             val_objectives=objectives,
             valset_size=len(self.valset),
         )
+        if self.config.frontier_type != "instance" and scores and not any(objectives.values()):
+            raise ConfigurationError(
+                f"frontier_type {self.config.frontier_type!r} needs per-objective scores, but the adapter "
+                f"returned none for the seed: use frontier_type 'instance', or return objective_scores "
+                "(RolloutsAdapter reports each Metric of the score function's Score)"
+            )
         self.state.add_candidate(record)
-        await self._emit("seed_evaluated", score=record.val_score, complete=record.complete)
-        return await self._resolve(speculation, 0)
+        await self._emit("seed_evaluated", iteration=0, score=record.val_score, complete=record.complete)
+        note = await self._resolve(speculation, 0)
+        await self._release_held()
+        return note
 
     # ---- planning -----------------------------------------------------------------------------
 
@@ -289,6 +379,8 @@ class GEPAEngine:
     def _should_stop(self) -> str | None:
         if self.state.reflection_failures >= self.config.max_reflection_failures:
             return "reflection_failed"
+        if self.state.idle_iterations >= self.config.max_idle_iterations:
+            return "no_new_evaluations"
         snapshot = self._stopper_state()
         for stopper in self.config.stoppers:
             if stopper(snapshot):
@@ -368,6 +460,14 @@ class GEPAEngine:
             texts=dict(texts),
         )
         s.budget.reserve(need)
+        if self.callbacks:
+            start = self._event(
+                "iteration_start",
+                f"mutation of [{new_idx}] (started early: #{new_idx} is not confirmed as parent yet)",
+                spec.iteration,
+                {"spec": spec.to_dict(), "speculative": True},
+            )
+            self._held[spec.iteration] = [start]
         slot = _Slot(gate=trio.Event())
         assert self._nursery is not None
         self._nursery.start_soon(self._run_slot, spec, slot)
@@ -388,20 +488,29 @@ class GEPAEngine:
             self._inflight.append((spec, slot))
             assert slot.gate is not None
             slot.gate.set()
-            await self._emit("iteration_start", f"mutation of [{new_idx}] (started early)", spec=spec.to_dict())
+            self._release = (spec.iteration, None)
             return ""
         await slot.parent_done.wait()
         slot.scope.cancel()
         await slot.done.wait()
-        n = len(spec.instances)
+        n, saved = self._eval_counts.pop(parent_eval_id(spec.iteration, new_idx), (len(spec.instances), 0))
         s.budget.settle(reserved=spec.reserved, used=n)
         s.speculation_calls += n
+        s.calls_saved += saved
         s.carry = Carry(parent, spec.instances)
         why = f"stopping ({stop})" if stop is not None else f"the selection chose #{parent}"
+        if self.callbacks:
+            dropped = self._event(
+                "iteration_dropped",
+                f"iteration {spec.iteration} started early on #{new_idx} was dropped ({why}: {n} calls spent)",
+                spec.iteration,
+                {"spec": spec.to_dict(), "reason": why, "calls": n, "chosen_parent": parent},
+            )
+            self._release = (spec.iteration, dropped)
         return f"; the iteration started early on #{new_idx} was dropped ({why}: {n} calls spent)"
 
     async def _run_slot(self, spec: ProposalSpec, slot: _Slot) -> None:
-        with slot.scope:
+        with slot.scope, _tracing.gepa_iteration(spec.iteration, spec.kind):
             slot.outcome = await self.proposer.run(self.state, spec, gate=slot.gate, parent_done=slot.parent_done)
         slot.parent_done.set()
         slot.done.set()
@@ -416,8 +525,11 @@ class GEPAEngine:
 
     async def _commit(self, spec: ProposalSpec, out: ProposalOutcome) -> None:
         s, cfg = self.state, self.config
+        spent_before = s.metric_calls
         s.budget.settle(reserved=spec.reserved, used=out.calls)
+        s.calls_saved += out.saved
         status, message, new_idx = out.status, out.message, None
+        proposed: dict[str, str] = {}
         if status == "evaluated":
             assert out.child is not None
             accepted = (
@@ -430,6 +542,8 @@ class GEPAEngine:
             score_text = f"{_mean(out.parent_scores):.2f} -> {_mean(out.child_scores):.2f}"
             if not accepted:
                 status, message = "rejected", f"{what} on {len(spec.instances)}: {score_text} rejected"
+                base = s.candidates[spec.parents[0]].components
+                proposed = {n: t for n, t in out.child.items() if t != base.get(n)}
             elif duplicate is not None:
                 status, message = "unchanged", f"{what}: the child equals candidate #{duplicate}"
             else:
@@ -437,6 +551,7 @@ class GEPAEngine:
                 new_idx = len(s.candidates)
                 message = await self._accept(spec, out, new_idx, f"{what} on {len(spec.instances)}: {score_text}")
         s.reflection_failures = s.reflection_failures + 1 if status == "reflection_failed" else 0
+        s.idle_iterations = s.idle_iterations + 1 if s.metric_calls == spent_before else 0
         record = IterationRecord(
             iteration=spec.iteration,
             kind="merge" if spec.kind == "merge" else "mutation",
@@ -449,10 +564,12 @@ class GEPAEngine:
             new_candidate=new_idx,
             metric_calls=s.metric_calls,
             message=message,
+            proposed=proposed,
         )
         s.history.append(record)
         s.pending = [p for p in s.pending if p.iteration != spec.iteration]
         await self._emit("iteration_end", message, iteration=spec.iteration, record=record)
+        await self._release_held()
 
     async def _accept(self, spec: ProposalSpec, out: ProposalOutcome, new_idx: int, what: str) -> str:
         """Evaluate an accepted child on the validation set, add it, and say so."""
@@ -477,7 +594,19 @@ class GEPAEngine:
             return speculation[1].parent_done if speculation is not None else None
 
         eval_id = f"it{spec.iteration:04d}-val-c{new_idx}"
-        scores, objectives = await self._evaluate_val(child, eval_id, known, known_obj, meanwhile)
+        stopped, skip_rest = "", False
+        if cfg.val_evaluation_policy == "incremental" and spec.kind == "mutation":
+            # First the first-stage rows; the rest only when the child can still join the front.
+            known, known_obj = await self._evaluate_val(
+                child, f"{eval_id}-first", spec.iteration, known, known_obj, only=self._first_stage
+            )
+            skip_rest = len(known) < len(self._first_stage)  # (the budget ran out)
+            if not skip_rest and not self._can_join(known):  # (and no speculation on it)
+                stopped, skip_rest = f" (scored on {len(known)}/{len(self.valset)}: it cannot join the front)", True
+        if skip_rest:
+            scores, objectives = known, known_obj
+        else:
+            scores, objectives = await self._evaluate_val(child, eval_id, spec.iteration, known, known_obj, meanwhile)
         base = s.candidates[parents[0]].components
         previous_best = s.best_score
         s.add_candidate(
@@ -491,15 +620,31 @@ class GEPAEngine:
                 val_scores=scores,
                 val_objectives=objectives,
                 valset_size=len(self.valset),
+                screened_out=bool(stopped),
             )
         )
         record = s.candidates[new_idx]
         if s.best_idx == new_idx and record.val_score > previous_best:
             s.last_improvement = spec.iteration
-            await self._emit("new_best", f"#{new_idx} {record.val_score:.3f}", candidate=new_idx)
-        cut = "" if record.complete else f" (on {len(scores)}/{len(self.valset)}: the budget ran out)"
+            await self._emit(
+                "new_best", f"#{new_idx} {record.val_score:.3f}", iteration=spec.iteration, candidate=new_idx
+            )
+        cut = stopped or ("" if record.complete else f" (on {len(scores)}/{len(self.valset)}: the budget ran out)")
         note = await self._resolve(speculation, new_idx)
         return f"{what} accepted as #{new_idx}, valset {record.val_score:.3f}{cut}{note}"
+
+    def _can_join(self, scores: Mapping[int, float]) -> bool:
+        """Whether a child scored on the first-stage rows can still join the front: it beats the
+        front's best score on one of them (a new record there), or its mean there is at least the
+        best candidate's (it could become the best). A tie alone does not count: everyone ties
+        where nobody scores."""
+        s = self.state
+        best = s.front.best
+        if any(best[k] is None or x > best[k] for k, x in scores.items()):  # type: ignore[operator]
+            return True
+        leader = s.candidates[s.best_idx].val_scores
+        mine = [x for k, x in scores.items() if k in leader]
+        return bool(mine) and sum(mine) >= sum(leader[k] for k in scores if k in leader)
 
     # ---- the run ------------------------------------------------------------------------------
 
@@ -569,6 +714,7 @@ class GEPAEngine:
                 stop = "timeout" if trio.current_time() >= scope.deadline else "cancelled"
         finally:
             self.journal.close()
+            self.cache.close()
             self._release_lock()
         if not self.state.candidates:  # cancelled before the seed was evaluated
             self.state.add_candidate(CandidateRecord(0, dict(self.seed_candidate), valset_size=len(self.valset)))
@@ -583,6 +729,28 @@ def _clear_stale(stopper: Any) -> str | None:
     """A stopper's `clear_stale()` (FileStopper: remove a stop file an earlier run left), if any."""
     clear = getattr(stopper, "clear_stale", None)
     return clear() if callable(clear) else None
+
+
+def first_stage(n_val: int, config: GEPAConfig) -> tuple[int, ...]:
+    """The validation rows the incremental policy scores a new candidate on first: a fixed
+    seeded sample (the same for every candidate of the run), in index order."""
+    if config.val_evaluation_policy != "incremental" or n_val == 0:
+        return ()
+    k = config.val_first_stage if config.val_first_stage is not None else max(1, -(-n_val // 4))
+    return tuple(sorted(random.Random(f"first-stage-{config.seed}").sample(range(n_val), min(k, n_val))))
+
+
+def _scoring_fingerprint(adapter: Any, data_fingerprint: Mapping[str, Any]) -> str:
+    """What decides a score besides the candidate and the row: the task's fingerprint (endpoint,
+    environment, max_turns, score function) for a RolloutsAdapter, an adapter's own
+    `scoring_fingerprint` when it has one, and the adapter's type."""
+    parts = {k: v for k, v in data_fingerprint.items() if k.startswith("task.")}
+    parts["adapter"] = f"{type(adapter).__module__}.{type(adapter).__qualname__}"
+    own = getattr(adapter, "scoring_fingerprint", None)
+    if own is not None:
+        parts["own"] = own() if callable(own) else own
+    text = json.dumps(parts, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _mean(xs: Sequence[float]) -> float:

@@ -8,8 +8,18 @@
 
 Kinds: "run_start", "seed_evaluated", "iteration_start", "evaluation" (one batch evaluated),
 "reflection" (new text proposed), "iteration_end" (with the IterationRecord in `data["record"]`),
-"new_best", "checkpoint", "run_end". A callback may be sync or async; an exception it raises ends
-the run (the last checkpoint stays, so the run can be resumed).
+"iteration_dropped" (a speculative iteration the selection did not confirm: `data["reason"]`,
+`data["calls"]` spent), "new_best", "checkpoint", "run_end". A callback may be sync or async; an
+exception it raises ends the run (the last checkpoint stays, so the run can be resumed).
+
+Every event names its iteration (`event.iteration`; 0 for the seed), and an iteration's
+"evaluation" and "reflection" events come between its "iteration_start" and its "iteration_end"
+(or "iteration_dropped"). With speculation (GEPAConfig.speculative, the default) the next
+iteration starts while the accepted child of the current one is scored on the validation set:
+its events are held back and told right after the current iteration's end (its start marked
+`data["speculative"] = True`), so with proposals_in_flight=1 the events read as one iteration
+after another. A dropped speculative iteration is followed by a new "iteration_start" with the
+same number (the chosen parent on the same minibatch).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ EventKind = Literal[
     "evaluation",
     "reflection",
     "iteration_end",
+    "iteration_dropped",
     "new_best",
     "checkpoint",
     "run_end",
@@ -88,7 +99,7 @@ class ProgressPrinter:
             line = f"[gepa] {e.message}"
         elif e.kind == "seed_evaluated":
             line = f"{self._head(e)}  | seed valset {e.data.get('score', 0.0):.3f}"
-        elif e.kind == "iteration_end":
+        elif e.kind in ("iteration_end", "iteration_dropped"):
             line = f"{self._head(e)}  | {e.message}"
         elif e.kind == "run_end":
             line = f"[gepa] done: {e.message}"

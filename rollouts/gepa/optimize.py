@@ -23,6 +23,7 @@ from typing import Any
 
 import trio
 
+from rollouts._sync import run_sync
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ConfigurationError
 from rollouts.eval.config import EvalConfig
@@ -42,7 +43,7 @@ from rollouts.gepa.stoppers import (
 )
 from rollouts.providers import client_scope
 
-__all__ = ["optimize", "search_config"]
+__all__ = ["optimize", "optimize_sync", "search_config"]
 
 
 def _rows(data: Iterable[Mapping[str, Any]], what: str) -> list[Mapping[str, Any]]:
@@ -199,3 +200,15 @@ async def optimize(
     finally:
         if owned is not None:
             owned.close()
+
+
+def optimize_sync(
+    seed_candidate: Mapping[str, str] | str, trainset: Iterable[Mapping[str, Any]], *args: Any, **kwargs: Any
+) -> GEPAResult:
+    """`optimize()` for code that is not async: the same arguments, run in its own trio event
+    loop; returns the GEPAResult. Raises ConfigurationError when called inside a running event
+    loop (trio or asyncio, e.g. a Jupyter cell): there, `await optimize(...)`.
+
+        result = optimize_sync("You are ...", train, val, task=cfg, reflection_endpoint=ep, max_metric_calls=200)
+    """
+    return run_sync("optimize_sync", optimize, seed_candidate, trainset, *args, **kwargs)

@@ -22,9 +22,11 @@ from typing import Any
 
 import trio
 
+from rollouts import tracing as _tracing
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ProviderError
-from rollouts.gepa.adapter import Candidate, EvaluationBatch, GEPAAdapter, ReflectiveDataset
+from rollouts.gepa.adapter import Candidate, GEPAAdapter, ReflectiveDataset
+from rollouts.gepa.cache import CachedEvaluation, EvaluationCache
 from rollouts.gepa.checkpoint import JsonlLog
 from rollouts.gepa.frontier import front_frequencies, remove_dominated
 from rollouts.gepa.reflection import (
@@ -36,7 +38,12 @@ from rollouts.gepa.reflection import (
 from rollouts.gepa.rollouts_adapter import candidate_hash
 from rollouts.gepa.state import GEPAState, ProposalSpec
 
-__all__ = ["ProposalOutcome", "Proposer", "ReflectionJournal", "merge_subsample", "plan_merge"]
+__all__ = ["ProposalOutcome", "Proposer", "ReflectionJournal", "merge_subsample", "parent_eval_id", "plan_merge"]
+
+
+def parent_eval_id(iteration: int, parent: int) -> str:
+    """The id of a mutation's parent evaluation on its minibatch."""
+    return f"it{iteration:04d}-parent-c{parent}"
 
 
 @dataclass
@@ -50,6 +57,7 @@ class ProposalOutcome:
     child: Candidate | None = None
     child_objectives: tuple[Mapping[str, float], ...] = ()
     calls: int = 0
+    saved: int = 0
     message: str = ""
 
 
@@ -58,9 +66,15 @@ class ReflectionJournal:
     the answer recorded for the same iteration, component and current text."""
 
     def __init__(self, path: Path | None) -> None:
-        self._log = JsonlLog(path) if path is not None else None
+        self._path = path
+        self._log: JsonlLog | None = None
         self._answers: dict[str, str] = {}
-        if self._log is not None:
+
+    def open(self) -> None:
+        """Read the answers already recorded and open the file for appending (once the run
+        directory's lock is held: opening drops a torn last line)."""
+        if self._path is not None and self._log is None:
+            self._log = JsonlLog(self._path)
             for rec in self._log:
                 self._answers[rec["key"]] = rec["answer"]
 
@@ -69,9 +83,11 @@ class ReflectionJournal:
         return f"{iteration}:{component}:{candidate_hash({component: current})}"
 
     def answer(self, key: str) -> str | None:
+        self.open()
         return self._answers.get(key)
 
     def record(self, key: str, **data: Any) -> None:
+        self.open()
         if self._log is not None:
             self._log.append({"key": key, **data})
 
@@ -113,7 +129,7 @@ def plan_merge(
     """Two non-dominated candidates, a common ancestor no better than either, and their merge;
     None when no such pair turns up in `max_attempts` draws."""
     scores = state.scores()
-    fronts = remove_dominated(state.front.fronts(), scores)
+    fronts = remove_dominated(state.fronts(), scores)
     pool = [c for c in front_frequencies(fronts) if state.candidates[c].complete]
     if len(pool) < 2:
         return None
@@ -178,6 +194,7 @@ class Proposer:
         reflection_endpoint: Endpoint | None,
         reflection_prompt: str,
         journal: ReflectionJournal,
+        cache: EvaluationCache,
         skip_perfect_score: bool,
         perfect_score: float,
         on_evaluation: Any,
@@ -189,18 +206,25 @@ class Proposer:
         self.reflection_endpoint = reflection_endpoint
         self.reflection_prompt = reflection_prompt
         self.journal = journal
+        self.cache = cache
         self.skip_perfect_score = skip_perfect_score
         self.perfect_score = perfect_score
         self._on_evaluation = on_evaluation
         self._on_reflection = on_reflection
 
     async def evaluate(
-        self, rows: Sequence[Mapping[str, Any]], candidate: Candidate, *, capture: bool, eval_id: str
-    ) -> EvaluationBatch:
-        batch = await self.adapter.evaluate(rows, dict(candidate), capture, eval_id=eval_id)
-        batch.check(len(rows), capture, self.adapter)
-        await self._on_evaluation(eval_id, len(rows), batch)
-        return batch
+        self, rows: Sequence[Mapping[str, Any]], candidate: Candidate, *, capture: bool, eval_id: str, iteration: int
+    ) -> CachedEvaluation:
+        """Evaluate through the cache: only what it cannot answer reaches the adapter."""
+
+        async def run(todo: Sequence[Mapping[str, Any]]) -> Any:
+            batch = await self.adapter.evaluate(todo, dict(candidate), capture, eval_id=eval_id)
+            batch.check(len(todo), capture, self.adapter)
+            return batch
+
+        result = await self.cache.evaluate(run, rows, candidate, capture=capture, eval_id=eval_id, iteration=iteration)
+        await self._on_evaluation(eval_id, iteration, result)
+        return result
 
     async def run(
         self,
@@ -224,11 +248,14 @@ class Proposer:
         parent = dict(spec.texts) if spec.texts is not None else dict(state.candidates[p].components)
         rows = [self.trainset[i] for i in spec.instances]
         it = spec.iteration
-        before = await self.evaluate(rows, parent, capture=True, eval_id=f"it{it:04d}-parent-c{p}")
+        evaluated = await self.evaluate(rows, parent, capture=True, eval_id=parent_eval_id(it, p), iteration=it)
         if parent_done is not None:
             parent_done.set()
+        before = evaluated.batch
         parent_scores = tuple(float(s) for s in before.scores)
-        out = ProposalOutcome("skipped_perfect", parent_scores=parent_scores, calls=len(rows))
+        out = ProposalOutcome(
+            "skipped_perfect", parent_scores=parent_scores, calls=evaluated.calls, saved=evaluated.saved
+        )
         if self.skip_perfect_score and all(s >= self.perfect_score for s in parent_scores):
             out.message = f"#{p} is already perfect on minibatch {list(spec.instances)}"
             return out
@@ -247,16 +274,22 @@ class Proposer:
             return out
         if gate is not None:
             await gate.wait()
-        after = await self.evaluate(rows, child, capture=False, eval_id=f"it{it:04d}-child-{candidate_hash(child)}")
-        out.status, out.child, out.calls = "evaluated", child, 2 * len(rows)
-        out.child_scores = tuple(float(s) for s in after.scores)
+        after = await self.evaluate(
+            rows, child, capture=False, eval_id=f"it{it:04d}-child-{candidate_hash(child)}", iteration=it
+        )
+        out.status, out.child = "evaluated", child
+        out.calls, out.saved = out.calls + after.calls, out.saved + after.saved
+        out.child_scores = tuple(float(s) for s in after.batch.scores)
         return out
 
     async def _merge(self, state: GEPAState, spec: ProposalSpec) -> ProposalOutcome:
         assert spec.merged is not None
         rows = [self.valset[k] for k in spec.instances]
         i, j, _ = spec.parents
-        batch = await self.evaluate(rows, spec.merged, capture=False, eval_id=f"it{spec.iteration:04d}-merge")
+        evaluated = await self.evaluate(
+            rows, spec.merged, capture=False, eval_id=f"it{spec.iteration:04d}-merge", iteration=spec.iteration
+        )
+        batch = evaluated.batch
         si, sj = state.candidates[i].val_scores, state.candidates[j].val_scores
         parent_best = max((tuple(si[k] for k in spec.instances), tuple(sj[k] for k in spec.instances)), key=sum)
         return ProposalOutcome(
@@ -265,7 +298,8 @@ class Proposer:
             child_scores=tuple(float(s) for s in batch.scores),
             child=dict(spec.merged),
             child_objectives=tuple(batch.objective_scores or ()),
-            calls=len(rows),
+            calls=evaluated.calls,
+            saved=evaluated.saved,
         )
 
     async def _new_texts(
@@ -303,7 +337,8 @@ class Proposer:
         key = self.journal.key(iteration, component, current)
         answer = self.journal.answer(key)
         if answer is None:
-            answer = await call_reflection_model(self.reflection_endpoint, prompt)
+            with _tracing.gepa_reflection(iteration, component):
+                answer = await call_reflection_model(self.reflection_endpoint, prompt)
             try:
                 new_text = extract_new_text(answer, component)
             finally:

@@ -42,7 +42,8 @@ class CandidateRecord:
     changed: the components that differ from its (first) parent. val_scores: validation index
     -> score; it covers every validation instance unless the budget ran out mid-evaluation
     (then `complete` is False). val_objectives: per-instance objective scores, when the
-    adapter reports them."""
+    adapter reports them. screened_out: scored only on the incremental validation policy's
+    first stage, where it could not join the front: kept for the record, on no front."""
 
     idx: int
     components: Mapping[str, str]
@@ -53,6 +54,7 @@ class CandidateRecord:
     val_scores: Mapping[int, float] = field(default_factory=dict)
     val_objectives: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
     valset_size: int = 0
+    screened_out: bool = False
 
     @property
     def val_score(self) -> float:
@@ -76,6 +78,7 @@ class CandidateRecord:
             "val_scores": {str(k): v for k, v in sorted(self.val_scores.items())},
             "val_objectives": {str(k): dict(v) for k, v in sorted(self.val_objectives.items())},
             "valset_size": self.valset_size,
+            "screened_out": self.screened_out,
         }
 
     @classmethod
@@ -90,6 +93,7 @@ class CandidateRecord:
             val_scores=_int_keys(d.get("val_scores", {})),
             val_objectives={k: dict(v) for k, v in _int_keys(d.get("val_objectives", {})).items()},
             valset_size=d.get("valset_size", 0),
+            screened_out=d.get("screened_out", False),
         )
 
 
@@ -102,7 +106,9 @@ class IterationRecord:
     instances: the training instances of the minibatch (mutation) or the validation instances
     of the screening evaluation (merge). components: the components rewritten.
     parent_scores / child_scores: scores on those instances. new_candidate: the index it got
-    when accepted. metric_calls: the total used after this iteration. message: why, in words."""
+    when accepted. metric_calls: the total used after this iteration. message: why, in words.
+    proposed: for a rejected proposal, the texts it proposed (component name -> text, the
+    components it changed), so what was tried is not lost."""
 
     iteration: int
     kind: Literal["mutation", "merge"]
@@ -115,6 +121,7 @@ class IterationRecord:
     new_candidate: int | None = None
     metric_calls: int = 0
     message: str = ""
+    proposed: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,6 +136,7 @@ class IterationRecord:
             "new_candidate": self.new_candidate,
             "metric_calls": self.metric_calls,
             "message": self.message,
+            "proposed": dict(self.proposed),
         }
 
     @classmethod
@@ -145,14 +153,22 @@ class IterationRecord:
             new_candidate=d.get("new_candidate"),
             metric_calls=d.get("metric_calls", 0),
             message=d.get("message", ""),
+            proposed=dict(d.get("proposed") or {}),
         )
+
+
+def _diff(a: str, b: str, from_name: str, to_name: str) -> str:
+    diff = difflib.unified_diff(
+        a.splitlines(keepends=True), b.splitlines(keepends=True), fromfile=from_name, tofile=to_name
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in diff)
 
 
 def best_index(candidates: Sequence[CandidateRecord]) -> int:
     """The candidate with the highest mean validation score among those evaluated on the whole
     validation set (ties: the older one); among all of them when none is complete."""
     assert candidates, "no candidates"
-    pool = [c for c in candidates if c.complete] or list(candidates)
+    pool = [c for c in candidates if c.complete] or [c for c in candidates if not c.screened_out] or list(candidates)
     return max(pool, key=lambda c: (c.val_score, -c.idx)).idx
 
 
@@ -163,10 +179,14 @@ class GEPAResult:
     best_idx: the best candidate (see `best_index`). metric_calls: evaluations of one
     instance used, never more than `max_metric_calls`. stop_reason: why the run ended
     ("budget", "max_iterations", "score_threshold", "no_improvement", "stop_file", "timeout",
-    "cancelled", "reflection_failed", ...). pareto_front: per validation instance, the
-    candidates with the best score on it. history: one record per iteration.
+    "cancelled", "reflection_failed", "no_new_evaluations", ...). pareto_front: per validation instance, the
+    candidates with the best score on it; with another `front_type` ("objective", "hybrid",
+    "cartesian"), per front named in `front_keys` (e.g. "objective:correct", "instance:3",
+    "cartesian:3:correct"), the candidates that reach its best value. history: one record per iteration.
     speculation_calls: the part of `metric_calls` spent on iterations started early on a new
-    candidate and then dropped because the selection chose another parent."""
+    candidate and then dropped because the selection chose another parent.
+    calls_saved_by_cache: evaluations of one instance answered by the evaluation cache (a
+    candidate already evaluated on that row): not made, not counted in `metric_calls`."""
 
     candidates: tuple[CandidateRecord, ...]
     best_idx: int
@@ -180,6 +200,9 @@ class GEPAResult:
     seed: int = 0
     run_dir: str | None = None
     speculation_calls: int = 0
+    calls_saved_by_cache: int = 0
+    front_type: str = "instance"
+    front_keys: tuple[str, ...] = ()
 
     @property
     def best(self) -> CandidateRecord:
@@ -214,9 +237,17 @@ class GEPAResult:
             chain.append(parents[0])
         return chain[::-1]
 
+    @property
+    def rejected_proposals(self) -> tuple[IterationRecord, ...]:
+        """The iterations whose proposal was evaluated and rejected (each with its `proposed`
+        texts and minibatch scores): what was tried and not kept."""
+        return tuple(h for h in self.history if h.outcome == "rejected")
+
     def show_diff(self, idx: int | None = None, *, against: int = 0) -> str:
         """A unified diff, component by component, from candidate `against` (default: the seed)
-        to candidate `idx` (default: the best). Unchanged components are listed as such."""
+        to candidate `idx` (default: the best). Unchanged components are listed as such. When the
+        two are the same (no proposal was accepted), what was tried follows: every rejected
+        proposal with its minibatch scores and its diff against its parent."""
         new = self.candidates[self.best_idx if idx is None else idx]
         old = self.candidates[against]
         parts = []
@@ -225,20 +256,32 @@ class GEPAResult:
             if a == b:
                 parts.append(f"=== {name}: unchanged\n")
                 continue
-            diff = difflib.unified_diff(
-                a.splitlines(keepends=True),
-                b.splitlines(keepends=True),
-                fromfile=f"{name} (candidate {old.idx})",
-                tofile=f"{name} (candidate {new.idx})",
-            )
-            parts.append("".join(line if line.endswith("\n") else line + "\n" for line in diff))
+            parts.append(_diff(a, b, f"{name} (candidate {old.idx})", f"{name} (candidate {new.idx})"))
+        if new.idx == old.idx or new.components == old.components:
+            parts.append(self._tried())
         return "".join(parts)
+
+    def _tried(self) -> str:
+        tried = self.rejected_proposals
+        if not tried:
+            return "=== no proposal was evaluated and rejected\n"
+        lines = [f"=== no proposal was accepted; {len(tried)} tried and rejected:\n"]
+        for h in tried:
+            parent = self.candidates[h.parents[0]].components if h.parents else {}
+            scores = f"{sum(h.parent_scores):g} -> {sum(h.child_scores):g} on {len(h.instances)} rows"
+            lines.append(f"--- iteration {h.iteration} ({h.kind} of {list(h.parents)}): minibatch {scores}\n")
+            for name, text in sorted(h.proposed.items()):
+                lines.append(
+                    _diff(parent.get(name, ""), text, f"{name} (candidate {h.parents[0]})", f"{name} (proposed)")
+                )
+        return "".join(lines)
 
     def summary(self) -> str:
         """A few lines for a terminal."""
         lines = [
             f"GEPA: {len(self.candidates)} candidates in {self.iterations} iterations, "
-            f"{self.metric_calls}/{self.max_metric_calls if self.max_metric_calls is not None else '-'} metric calls, "
+            f"{self.metric_calls}/{self.max_metric_calls if self.max_metric_calls is not None else '-'} metric calls "
+            f"({self.calls_saved_by_cache} saved by the cache), "
             f"stopped: {self.stop_reason}",
             f"seed score {self.seed_score:.4f} -> best {self.best_score:.4f} (candidate {self.best_idx}, "
             f"lineage {' -> '.join(map(str, self.lineage()))})",
@@ -258,6 +301,9 @@ class GEPAResult:
             "seed": self.seed,
             "run_dir": self.run_dir,
             "speculation_calls": self.speculation_calls,
+            "calls_saved_by_cache": self.calls_saved_by_cache,
+            "front_type": self.front_type,
+            "front_keys": list(self.front_keys),
             "candidates": [c.to_dict() for c in self.candidates],
             "pareto_front": [list(f) for f in self.pareto_front],
             "history": [h.to_dict() for h in self.history],
@@ -278,6 +324,9 @@ class GEPAResult:
             seed=d.get("seed", 0),
             run_dir=d.get("run_dir"),
             speculation_calls=d.get("speculation_calls", 0),
+            calls_saved_by_cache=d.get("calls_saved_by_cache", 0),
+            front_type=d.get("front_type", "instance"),
+            front_keys=tuple(d.get("front_keys", ())),
         )
 
     def to_json(self, indent: int | None = None) -> str:

@@ -271,10 +271,19 @@ class RolloutsAdapter:
         return EvaluationBatch(
             outputs=[s.response for s in done],
             scores=[s.reward for s in done],
-            trajectories=done if capture_traces else None,
+            trajectories=done,  # (always: the evaluation cache keeps them for later reflection)
             objective_scores=[{m.name: m.value for m in s.score.metrics} if s.score else {} for s in done],
             feedback=[_feedback(s) for s in done],
         )
+
+    def encode_trajectory(self, trajectory: Any) -> dict[str, Any]:
+        """A sample as JSON (the evaluation cache stores it)."""
+        assert isinstance(trajectory, Sample)
+        return trajectory.to_dict()
+
+    def decode_trajectory(self, data: Any) -> Sample:
+        """The sample `encode_trajectory` stored."""
+        return Sample.from_dict(data)
 
     def make_reflective_dataset(
         self, candidate: Candidate, eval_batch: EvaluationBatch, components_to_update: Sequence[str]

@@ -1,10 +1,13 @@
 """Recognise tool calls that a model wrote as text (small local models often do).
 
 Accepted shapes, anywhere in the text: a bare JSON object `{"name": ..., "arguments": {...}}`
-(`"parameters"` is accepted for `"arguments"`, and arguments may be a JSON-encoded string), the
-same object inside a ```json fence or inside `<tool_call>...</tool_call>` tags. An object becomes
-a call ONLY when it parses and its name is one of the declared tools; everything else is left as
-text untouched. Wrappers (fences, tags) around an extracted call are removed with it.
+and the variants small open models write (`_as_call`: "function"/"tool"/"tool_name" for the
+name, "parameters"/"args"/"input" for the arguments, OpenAI's nested `{"function": {...}}`;
+arguments may be a JSON-encoded string), alone, in a list, inside a ```json fence or inside
+`<tool_call>...</tool_call>` tags. An object becomes a call ONLY when it parses and its name is
+one of the declared tools; everything else is left as text untouched. Wrappers (fences, tags,
+the list's brackets) around an extracted call are removed with it, and so is what remains when
+it is nothing but punctuation (a stray `{`, `]` or fence): no fragment of a call stays as text.
 """
 
 from __future__ import annotations
@@ -30,21 +33,44 @@ class TextToolCall:
     raw_arguments: str
 
 
-def _as_call(obj: Any, names: Collection[str]) -> TextToolCall | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in names:
-        return None
-    keys = set(obj) - {"name", "type", "id"}
-    if not keys <= {"arguments", "parameters"} or len(keys) > 1:
-        return None
-    args: Any = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
+_NAME_KEYS = ("name", "function", "tool", "tool_name", "function_name")
+_ARGUMENT_KEYS = ("arguments", "parameters", "args", "input", "tool_input", "params")
+_IGNORED_KEYS = frozenset({"type", "id"})
+
+
+def _arguments(value: Any) -> dict[str, Any] | None:
+    """Arguments as an object: given as one, or as a JSON-encoded string of one."""
+    if isinstance(value, str):
         try:
-            args = json.loads(args) if args.strip() else {}
+            value = json.loads(value) if value.strip() else {}
         except ValueError:
             return None
-    if not isinstance(args, dict):
+    return value if isinstance(value, dict) else None
+
+
+def _as_call(obj: Any, names: Collection[str]) -> TextToolCall | None:
+    """The call `obj` writes, in any of the shapes small open models use (all seen from the
+    embedded Qwen2.5-Coder models and Llama/Hermes-style chat templates):
+    `{"name": n, "arguments": {...}}` (or "parameters", "args", "input", "tool_input"),
+    `{"function": n, "arguments": {...}}`, `{"tool": n, ...}`, `{"tool_name": n, ...}`,
+    `{"function": {"name": n, "arguments": ...}}` and `{"type": "function", "function": {...}}`
+    (OpenAI's own shape, written as text). Arguments may be a JSON-encoded string. Only a call
+    to a declared tool, with no other keys, counts."""
+    if not isinstance(obj, dict):
         return None
-    return TextToolCall(obj["name"], args, json.dumps(args, ensure_ascii=False))
+    inner = obj.get("function")
+    if isinstance(inner, dict) and set(obj) <= {"function", "type", "id"}:
+        return _as_call(inner, names)  # {"function": {"name": ..., "arguments": ...}}
+    named = [k for k in _NAME_KEYS if isinstance(obj.get(k), str)]
+    if len(named) != 1 or obj[named[0]] not in names:
+        return None
+    rest = set(obj) - {named[0]} - _IGNORED_KEYS
+    if len(rest) > 1 or not rest <= set(_ARGUMENT_KEYS):
+        return None
+    args = _arguments(obj[rest.pop()]) if rest else {}
+    if args is None:
+        return None
+    return TextToolCall(obj[named[0]], args, json.dumps(args, ensure_ascii=False))
 
 
 def _decode_at(text: str, i: int) -> tuple[Any, int]:
@@ -95,9 +121,17 @@ def extract_text_tool_calls(
         calls.append(call)
         pos = end
         if limit is not None and len(calls) >= limit:
-            return calls, "".join(kept)
+            return calls, _without_fragments("".join(kept))
         i = text.find("{", pos)
     if not calls:
         return [], text
     kept.append(text[pos:])
-    return calls, "".join(kept)
+    return calls, _without_fragments("".join(kept))
+
+
+_FRAGMENT = re.compile(r"[\s{}\[\](),;:`]*")
+
+
+def _without_fragments(rest: str) -> str:
+    """`rest` (the text around extracted calls), or "" if it is only leftover punctuation."""
+    return "" if _FRAGMENT.fullmatch(rest) else rest

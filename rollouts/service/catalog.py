@@ -267,7 +267,7 @@ def _run_row(r: _BatchRun) -> EvalRunRow:
     done, failed, pending, queued = (int(x or 0) for x in (r.completed, r.failed, r.pending, r.queued))
     counts = {"completed": done, "failed": failed, "queued": queued, "running": pending - queued}
     status = _run_status(queue.batch_status(counts, int(r.task_count), r.cancelled_at is not None))
-    from rollouts.service.api import iso
+    from rollouts.service.routing import iso
 
     last = r.last_finished_at
     return EvalRunRow(
@@ -330,6 +330,20 @@ def _eval_run(tx: Tx, ws: str, batch_id: str) -> EvalRunDetail:
     return EvalRunDetail(dataclasses.replace(row, metrics=metrics), report, names)
 
 
+@dataclass(frozen=True)
+class _TaskRow:
+    """A task as the samples table and a sample's page read it (the columns, by name)."""
+
+    task_id: str
+    seq: int
+    status: queue.TaskStatus
+    input: str  # JSON text
+    result: str | None  # JSON text
+    error: str | None
+    execution_time_ms: int | None
+    attempts: int
+
+
 def _samples(tx: Tx, ws: str, batch_id: str, q: SampleQuery) -> Page[SampleRow]:
     if tx.one("SELECT 1 FROM batches WHERE id = ? AND workspace_id = ?", (batch_id, ws)) is None:
         raise NotFound(f"no batch {batch_id}")
@@ -337,7 +351,7 @@ def _samples(tx: Tx, ws: str, batch_id: str, q: SampleQuery) -> Page[SampleRow]:
     sql = compile_samples(
         sample_columns(tx.dialect),
         q,
-        select="t.task_id, t.seq, t.status, t.input, t.result, t.error, t.execution_time_ms",
+        select=queue.columns(_TaskRow, "t."),
         source="tasks t",
         scope=["t.batch_id = ?"],
         scope_args=[batch_id],
@@ -346,23 +360,23 @@ def _samples(tx: Tx, ws: str, batch_id: str, q: SampleQuery) -> Page[SampleRow]:
     total = int(total_row[0]) if total_row else 0
     rows = tx.execute(sql.page, [*sql.page_args, limit, offset])
     items = []
-    for task_id, seq, status, raw_input, raw_result, error, ms in rows:
-        result = json.loads(raw_result) if raw_result else {}
+    for t in queue.read_rows(_TaskRow, rows):
+        result = json.loads(t.result) if t.result else {}
         usage = result.get("usage") or {}
         score = result.get("score") or {}
         items.append(
             SampleRow(
-                sample_id=str(task_id),
-                seq=int(seq),
-                status=str(status),
+                sample_id=str(t.task_id),
+                seq=int(t.seq),
+                status=str(t.status),
                 reward=float(score["reward"]) if isinstance(score.get("reward"), int | float) else None,
                 metrics=_metrics(result),
                 turns=int(result.get("turns") or 0),
                 tokens=int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0),
                 cost_usd=float(usage.get("cost_usd") or 0.0),
-                duration_s=(ms or 0) / 1000.0,
-                error=error,
-                input_preview=_input_preview(raw_input),
+                duration_s=(t.execution_time_ms or 0) / 1000.0,
+                error=t.error,
+                input_preview=_input_preview(t.input),
                 response_preview=_response_preview(result),
             )
         )
@@ -371,15 +385,15 @@ def _samples(tx: Tx, ws: str, batch_id: str, q: SampleQuery) -> Page[SampleRow]:
 
 def _sample(tx: Tx, ws: str, batch_id: str, task_id: str) -> Sample:
     row = tx.one(
-        "SELECT t.input, t.status, t.result, t.error, t.execution_time_ms, t.attempts FROM tasks t "
+        f"SELECT {queue.columns(_TaskRow, 't.')} FROM tasks t "
         "JOIN batches b ON b.id = t.batch_id WHERE t.batch_id = ? AND t.task_id = ? AND b.workspace_id = ?",
         (batch_id, task_id, ws),
     )
     if row is None:
         raise NotFound(f"no task {task_id} in batch {batch_id}")
-    raw_input, status, raw_result, error, ms, attempts = row
-    result = json.loads(raw_result) if raw_result else {}
-    inp = json.loads(raw_input)
+    (t,) = queue.read_rows(_TaskRow, [row])
+    result = json.loads(t.result) if t.result else {}
+    inp = json.loads(t.input)
     traj = result.get("trajectory")
     score = result.get("score")
     return Sample(
@@ -387,15 +401,15 @@ def _sample(tx: Tx, ws: str, batch_id: str, task_id: str) -> Sample:
         input={**(inp.get("context") or {}), **{k: v for k, v in inp.items() if k != "context"}},
         trajectory=Trajectory.from_dict(traj) if traj else None,
         score=Score.from_dict(score) if score else None,
-        status=_sample_status(str(status)),  # type: ignore[arg-type]
-        error=error,
+        status=_sample_status(t.status),  # type: ignore[arg-type]
+        error=t.error,
         stop_reason=result.get("stop_reason"),
         metadata={
-            "task_status": status,
+            "task_status": t.status,
             "turns": result.get("turns"),
             "usage": result.get("usage"),
-            "execution_time_ms": ms,
-            "attempts": attempts,
+            "execution_time_ms": t.execution_time_ms,
+            "attempts": t.attempts,
         },
     )
 

@@ -14,6 +14,7 @@ scorers need none). A key value is scrubbed from every error and result before i
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import time
@@ -22,6 +23,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rollouts.config import parse_model_spec
 from rollouts.dtypes import Endpoint, Message
 from rollouts.errors import AuthenticationError
 from rollouts.eval import scorers
@@ -36,6 +38,7 @@ __all__ = [
     "ENVIRONMENTS",
     "TaskOutcome",
     "TaskSetting",
+    "default_task_timeout_ms",
     "endpoint_from_spec",
     "resolve_environment",
     "resolve_score",
@@ -92,9 +95,13 @@ def resolve_score(ref: str | None, policy: ServicePolicy | None = None) -> Calla
 
 def resolve_environment(ref: str | None, policy: ServicePolicy | None = None) -> Callable[[], Any] | None:
     """A factory for the environment named `ref` (None: the agent has no tools): a built-in
-    name, or `module:Class` that `policy` allows (PolicyError otherwise)."""
+    name, or `module:Class` that `policy` allows (PolicyError otherwise); several joined with
+    '+' are composed, `mcp/<name>` being the policy's MCP server `name` (a connection per
+    environment made, so per sample)."""
     if not ref or ref == "none":
         return None
+    if "+" in ref or ref.startswith("mcp/"):
+        return _composed_factory(ref, policy or _BUILTIN)
     if ref not in ENVIRONMENTS:
         (policy or _BUILTIN).check_import(ref, "environment")
     target = ENVIRONMENTS.get(ref, ref)
@@ -102,6 +109,64 @@ def resolve_environment(ref: str | None, policy: ServicePolicy | None = None) ->
     if not callable(cls):
         raise ValueError(f"environment {ref!r} is not a class or factory")
     return cls  # type: ignore[no-any-return]
+
+
+def _composed_factory(ref: str, policy: ServicePolicy) -> Callable[[], Any]:
+    from rollouts.environments.compose import compose
+    from rollouts.environments.mcp import MCPEnvironment
+
+    parts: list[tuple[str, Callable[[], Any]]] = []
+    for part in ref.split("+"):
+        if part.startswith("mcp/"):
+            name = part.removeprefix("mcp/")
+            server = policy.mcp_server(name, "environment")
+            parts.append((f"{name}_", functools.partial(MCPEnvironment.connect, server)))
+        else:
+            factory = resolve_environment(part, policy)
+            if factory is None:
+                raise ValueError(f"environment {ref!r}: 'none' cannot be combined")
+            parts.append(("", factory))
+
+    async def make() -> Any:
+        made: list[Any] = []
+        try:
+            for _, factory in parts:
+                env = factory()
+                made.append(await env if hasattr(env, "__await__") else env)
+            try:
+                return compose(*made)
+            except ValueError:  # clashing tool names: each MCP server's are offered as <name>_<tool>
+                return compose(*made, prefixes=[prefix for prefix, _ in parts])
+        except BaseException:
+            for env in made:
+                close = getattr(env, "aclose", None)
+                if close is not None:
+                    await close()
+            raise
+
+    make.__qualname__ = f"environment[{ref}]"
+    return make
+
+
+# Providers whose models run on this machine's CPU (or a self-hosted GPU server): a task of a few
+# turns takes minutes there, not the seconds a hosted API takes.
+_SLOW_PROVIDERS = frozenset({"local", "llamacpp", "transformers"})
+HOSTED_TASK_TIMEOUT_MS = 30_000
+LOCAL_TASK_TIMEOUT_MS = 600_000
+
+
+def default_task_timeout_ms(endpoint_spec: Mapping[str, Any]) -> int:
+    """A batch's or GEPA job's `timeout_per_task_ms` when the request gives none: 30 s for a
+    hosted model, 10 minutes for one that runs locally (the embedded model, llama.cpp,
+    transformers), which at 30 s timed out every task and scored 0."""
+    model = str(endpoint_spec.get("model", ""))
+    provider = str(endpoint_spec.get("provider") or "")
+    if not provider:
+        try:
+            provider = parse_model_spec(model, api_base=str(endpoint_spec.get("api_base") or ""))[0]
+        except ValueError:
+            provider = ""
+    return LOCAL_TASK_TIMEOUT_MS if provider in _SLOW_PROVIDERS else HOSTED_TASK_TIMEOUT_MS
 
 
 def endpoint_from_spec(

@@ -25,8 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
 
 from rollouts.errors import RolloutsError
 from rollouts.gepa.checkpoint import STATE_FILE
@@ -34,26 +32,25 @@ from rollouts.gepa.events import GEPAEvent
 from rollouts.gepa.optimize import optimize
 from rollouts.service import accounts, jobs, queue
 from rollouts.service.accounts import VersionSpec, new_id
-from rollouts.service.api import (
-    _times,
-    not_found,
-    ok,
-    parse_endpoint,
-    parse_score,
-    parse_tasks,
-    progress_stream,
-    read_body,
-)
+from rollouts.service.execution import default_task_timeout_ms
 from rollouts.service.gepa_adapter import ServiceAdapter
 from rollouts.service.policy import ServicePolicy
 from rollouts.service.progress import BatchChanges
-from rollouts.service.requests import boolean, integer, number, string
+from rollouts.service.requests import (
+    boolean,
+    integer,
+    not_found,
+    number,
+    parse_endpoint,
+    parse_score,
+    parse_tasks,
+    string,
+)
 from rollouts.service.store import Store
 
 __all__ = ["GEPAJobs"]
 
 _log = logging.getLogger("rollouts.service.gepa_jobs")
-_TERMINAL = ("completed", "failed", "cancelled")
 
 
 def _describe(e: BaseException) -> str:
@@ -79,7 +76,7 @@ async def start_job(
         "max_metric_calls": budget,
         "parallelism": integer(body, "parallelism", minimum=1, maximum=100_000) or 5,
         "poll_timeout_s": number(body, "poll_timeout_s", minimum=0.001, maximum=7 * 24 * 3600.0) or 600.0,
-        "timeout_per_task_ms": integer(body, "timeout_per_task_ms", minimum=1, maximum=86_400_000) or 30_000,
+        "timeout_per_task_ms": integer(body, "timeout_per_task_ms", minimum=1, maximum=86_400_000),
         "score_threshold": number(body, "score_threshold"),
         "reflection_model": reflection,
         "seed_prompt": string(body, "seed_prompt", max_len=200_000),
@@ -90,7 +87,15 @@ async def start_job(
     version = await store.read(accounts.get_version, ws, agent_id, integer(body, "agent_version", minimum=1))
     if version is None:
         raise not_found("agent (or agent version)", "agent_id")
+    if cfg["timeout_per_task_ms"] is None:  # (what the agent's model needs: a local model is slow)
+        cfg["timeout_per_task_ms"] = default_task_timeout_ms(version["endpoint"])
     return await store.call(jobs.create_job, ws, agent_id, version["version"], cfg, int(budget or 0), promote)
+
+
+def _cancel_batches(tx: Any, ws: str, job_id: str) -> None:
+    """Cancel the job's evaluation batches still running (the job ended without them)."""
+    for batch_id in jobs._job_batches(tx, ws, job_id, " AND cancelled_at IS NULL"):
+        queue.cancel_batch(tx, ws, batch_id)
 
 
 class GEPAJobs:
@@ -127,6 +132,7 @@ class GEPAJobs:
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             while True:
+                await self.store.call(jobs.settle_cancelled)  # (jobs asked to stop whose server is gone)
                 if self._running < self.max_jobs:
                     job = await self.store.call(jobs.claim_job, self.owner, self.lease_s)
                     if job is not None:
@@ -145,6 +151,7 @@ class GEPAJobs:
             _log.error("GEPA job %s failed: %s", job["job_id"], error)
             with trio.CancelScope(shield=True):
                 await self.store.call(jobs.finish_job, job["job_id"], self.owner, status="failed", error=error)
+                await self.store.call(_cancel_batches, job["workspace_id"], job["job_id"])
         finally:
             self._running -= 1
             self._wake.set()
@@ -158,12 +165,24 @@ class GEPAJobs:
                 scope.cancel()
                 return
 
-    async def _batch_runner(self, job: dict[str, Any]) -> Any:
+    async def _batch_runner(self, job: dict[str, Any], scope: trio.CancelScope, cancelled: list[bool]) -> Any:
+        """The adapter's `run_batch`: a batch on the store, waited for. A job asked to stop
+        starts no batch and takes no cancelled batch's results (it stops at once: `scope`)."""
         cfg = job["config"]
         ws, agent_id, version = job["workspace_id"], job["agent_id"], job["base_version"]
         poll_timeout = float(cfg.get("poll_timeout_s", 600.0))
 
+        async def stop_if_cancelled() -> None:
+            row = await self.store.read(
+                lambda tx: tx.one("SELECT cancel_requested FROM gepa_jobs WHERE id = ?", (job["job_id"],))
+            )
+            if row is not None and row[0]:
+                cancelled.append(True)
+                scope.cancel()
+                await trio.lowlevel.checkpoint()  # (raises Cancelled: run_batch runs inside `scope`)
+
         async def run_batch(tasks: list[dict[str, Any]], system_prompt: str, key: str) -> list[dict[str, Any] | None]:
+            await stop_if_cancelled()
             summary, _ = await self.store.call(
                 queue.create_batch,
                 workspace_id=ws,
@@ -182,6 +201,8 @@ class GEPAJobs:
             await self._wait_finished(bid)
             state = await self.store.read(queue.get_batch, ws, bid, 0, len(tasks))
             assert state is not None and state["progress"]["pending"] == 0
+            if state["status"] == "cancelled":
+                await stop_if_cancelled()
             by_id = {r["task_id"]: r for r in state["results"]}
             return [by_id.get(t["task_id"]) for t in tasks]
 
@@ -218,7 +239,10 @@ class GEPAJobs:
         if job["checkpoint"]:
             (run_dir / STATE_FILE).write_text(job["checkpoint"], encoding="utf-8")
         reflection = self.policy.endpoint(cfg["reflection_model"])
-        adapter = ServiceAdapter(await self._batch_runner(job), key_prefix=f"gepa:{job_id}")
+        cancelled: list[bool] = []
+        scope = trio.CancelScope()
+        runner = await self._batch_runner(job, scope, cancelled)
+        adapter = ServiceAdapter(runner, key_prefix=jobs.batch_key_prefix(job_id))
 
         async def on_event(event: GEPAEvent) -> None:
             if event.kind not in ("seed_evaluated", "iteration_end", "new_best", "checkpoint"):
@@ -236,8 +260,6 @@ class GEPAJobs:
                 checkpoint=checkpoint,
             )
 
-        cancelled: list[bool] = []
-        scope = trio.CancelScope()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._keep_lease, job_id, scope, cancelled)
             result = await optimize(
@@ -257,11 +279,26 @@ class GEPAJobs:
             nursery.cancel_scope.cancel()
         if cancelled and not cancelled[0]:
             return  # the lease was lost: another server has the job now
+        await self._finish(job, base, result, cancelled=bool(cancelled))
+
+    async def _finish(self, job: dict[str, Any], base: dict[str, Any], result: Any, *, cancelled: bool) -> None:
+        """Record how the job ended: cancelled; failed when the reflection model failed on
+        every call; completed with a new version, or with none when nothing beat the seed
+        (said in `message`, as are the tasks that timed out)."""
+        job_id, cfg = job["job_id"], job["config"]
+        ws, agent_id = job["workspace_id"], job["agent_id"]
         best = result.best_candidate.get("system_prompt", "")
         lineage = [
             {"idx": c.idx, "parents": list(c.parents), "origin": c.origin, "val_score": c.val_score}
             for c in result.candidates
         ]
+        timed_out = await self.store.read(jobs.timeouts, ws, job_id)
+        notes = []
+        if timed_out:
+            notes.append(
+                f"{timed_out} evaluated tasks timed out (timeout_per_task_ms={cfg['timeout_per_task_ms']}) and scored 0: "
+                "give the job a longer timeout_per_task_ms if the model needs more time"
+            )
         common: dict[str, Any] = {
             "lineage": lineage,
             "metric_calls": result.metric_calls,
@@ -269,8 +306,25 @@ class GEPAJobs:
             "best_prompt": best,
             "candidates": len(result.candidates),
         }
+
+        async def finish(**how: Any) -> None:
+            await self.store.call(jobs.finish_job, job_id, self.owner, **how)
+
         if cancelled:
-            await self.store.call(jobs.finish_job, job_id, self.owner, status="cancelled", **common)
+            await finish(status="cancelled", message="; ".join(notes) or None, **common)
+            return
+        failed = [h for h in result.history if h.outcome == "reflection_failed"]
+        if failed and len(failed) == len(result.history) and result.best_idx == 0:
+            error = f"the reflection model failed on every call ({len(failed)}): {failed[-1].message}"
+            await finish(status="failed", error=error, message="; ".join(notes) or None, **common)
+            return
+        if result.best_idx == 0:
+            notes.insert(
+                0,
+                f"no candidate beat the seed prompt (its score {result.seed_score:g} is the best of "
+                f"{len(result.candidates)} candidates): no version was created",
+            )
+            await finish(status="completed", message="; ".join(notes), **common)
             return
         spec = VersionSpec(
             endpoint=base["endpoint"],
@@ -285,16 +339,7 @@ class GEPAJobs:
         assert version is not None
         if job["promote"]:
             await self.store.call(accounts.promote_version, ws, agent_id, version["version"])
-        await self.store.call(
-            jobs.finish_job, job_id, self.owner, status="completed", created_version=version["version"], **common
-        )
-
-    # ---- routes ---------------------------------------------------------------------------------
-
-    async def create_route(self, ctx: Any, request: Request, ws: str) -> Response:
-        body = await read_body(request, ctx.limits.max_body_bytes)
-        job = await self.start(ws, request.path_params["agent_id"], body, ctx.limits.max_tasks)
-        return ok(job, 201)
+        await finish(status="completed", created_version=version["version"], message="; ".join(notes) or None, **common)
 
     async def start(self, ws: str, agent_id: str, body: dict[str, Any], max_tasks: int) -> dict[str, Any]:
         """Store a job from a request body (the API's JSON, or the UI's form) and wake the runner.
@@ -302,31 +347,3 @@ class GEPAJobs:
         job = await start_job(self.store, ws, agent_id, body, max_tasks, self.policy)
         self._wake.set()
         return job
-
-    async def get_route(self, ctx: Any, request: Request, ws: str) -> Response:
-        job = await self.store.read(jobs.get_job, ws, request.path_params["job_id"])
-        if job is None:
-            raise not_found("GEPA job")
-        return ok(job)
-
-    async def cancel_route(self, ctx: Any, request: Request, ws: str) -> Response:
-        jid = request.path_params["job_id"]
-        if not await self.store.call(jobs.cancel_job, ws, jid):
-            raise not_found("GEPA job")
-        job = await self.store.read(jobs.get_job, ws, jid)
-        return ok(job)
-
-    async def events_route(self, ctx: Any, request: Request, ws: str) -> Response:
-        jid = request.path_params["job_id"]
-        if await self.store.read(jobs.get_job, ws, jid) is None:
-            raise not_found("GEPA job")
-
-        async def poll() -> dict[str, Any] | None:
-            job = await self.store.read(jobs.get_job, ws, jid)
-            return _times(job) if job is not None else None
-
-        return StreamingResponse(
-            progress_stream(poll, lambda j: j["status"] in _TERMINAL, ctx.limits.sse_poll_s * 2),
-            media_type="text/event-stream",
-            headers={"cache-control": "no-cache"},
-        )

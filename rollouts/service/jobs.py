@@ -11,14 +11,26 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rollouts.service import queue
 from rollouts.service._db import Tx
 from rollouts.service.accounts import new_id
 
-__all__ = ["cancel_job", "claim_job", "create_job", "finish_job", "get_job", "renew_job", "save_progress"]
+__all__ = [
+    "batch_key_prefix",
+    "cancel_job",
+    "claim_job",
+    "create_job",
+    "finish_job",
+    "get_job",
+    "renew_job",
+    "save_progress",
+    "settle_cancelled",
+    "timeouts",
+]
 
 _COLS = (
     "id, agent_id, base_version, status, metric_calls, max_metric_calls, best_score, best_prompt, candidates, "
-    "lineage, created_version, error, created_at, completed_at"
+    "lineage, created_version, error, message, created_at, completed_at"
 )
 
 
@@ -45,21 +57,69 @@ def create_job(
     return job
 
 
+def batch_key_prefix(job_id: str) -> str:
+    """The idempotency keys of a job's evaluation batches start with this."""
+    return f"gepa:{job_id}"
+
+
+def _job_batches(tx: Tx, workspace_id: str, job_id: str, where: str = "") -> list[str]:
+    """The ids of the job's evaluation batches (their keys start with its prefix: a range of the
+    (workspace_id, idempotency_key) index)."""
+    prefix = batch_key_prefix(job_id) + ":"
+    rows = tx.execute(
+        f"SELECT id FROM batches WHERE workspace_id = ? AND idempotency_key >= ? AND idempotency_key < ?{where}",
+        (workspace_id, prefix, prefix[:-1] + ";"),
+    )
+    return [str(r[0]) for r in rows]
+
+
+def timeouts(tx: Tx, workspace_id: str, job_id: str) -> int:
+    """How many of the job's evaluated tasks timed out (each scored 0)."""
+    ids = _job_batches(tx, workspace_id, job_id)
+    if not ids:
+        return 0
+    marks = ", ".join("?" * len(ids))
+    row = tx.one(f"SELECT COUNT(*) FROM tasks WHERE batch_id IN ({marks}) AND status = 'timeout'", ids)
+    return int(row[0]) if row is not None else 0
+
+
 def get_job(tx: Tx, workspace_id: str, job_id: str) -> dict[str, Any] | None:
     row = tx.one(f"SELECT {_COLS} FROM gepa_jobs WHERE id = ? AND workspace_id = ?", (job_id, workspace_id))
-    return _job(row) if row is not None else None
+    if row is None:
+        return None
+    job = _job(row)
+    job["timeouts"] = timeouts(tx, workspace_id, job_id)
+    return job
 
 
 def cancel_job(tx: Tx, workspace_id: str, job_id: str) -> bool:
-    """Ask for the job to stop (a queued one is cancelled at once); False if unknown."""
+    """Stop the job: a queued one, or a running one whose server is gone (its lease expired),
+    is cancelled at once; a running one is asked to stop (its server does at its next lease
+    renewal). Its evaluation batches are cancelled too. False if unknown."""
+    now = tx.dialect.now
     tx.execute("UPDATE gepa_jobs SET cancel_requested = 1 WHERE id = ? AND workspace_id = ?", (job_id, workspace_id))
     if tx.rowcount != 1:
         return False
     tx.execute(
-        f"UPDATE gepa_jobs SET status = 'cancelled', completed_at = {tx.dialect.now} WHERE id = ? AND status = 'queued'",
+        f"UPDATE gepa_jobs SET status = 'cancelled', completed_at = {now}, lease_owner = NULL, "
+        f"lease_expires_at = NULL WHERE id = ? AND (status = 'queued' OR (status = 'running' AND "
+        f"(lease_expires_at IS NULL OR lease_expires_at < {now})))",
         (job_id,),
     )
+    for batch_id in _job_batches(tx, workspace_id, job_id, " AND cancelled_at IS NULL"):
+        queue.cancel_batch(tx, workspace_id, batch_id)
     return True
+
+
+def settle_cancelled(tx: Tx) -> int:
+    """Cancel the jobs asked to stop whose server is gone (the lease expired): nobody else
+    claims them. How many."""
+    now = tx.dialect.now
+    tx.execute(
+        f"UPDATE gepa_jobs SET status = 'cancelled', completed_at = {now}, lease_owner = NULL, "
+        f"lease_expires_at = NULL WHERE status = 'running' AND cancel_requested = 1 AND lease_expires_at < {now}"
+    )
+    return tx.rowcount
 
 
 def claim_job(tx: Tx, owner: str, lease_s: float) -> dict[str, Any] | None:
@@ -123,10 +183,11 @@ def finish_job(
     tx: Tx, job_id: str, owner: str, *, status: str, error: str | None = None, created_version: int | None = None,
     lineage: Sequence[Mapping[str, Any]] | None = None, metric_calls: int | None = None,
     best_score: float | None = None, best_prompt: str | None = None, candidates: int | None = None,
+    message: str | None = None,
 ) -> None:  # fmt: skip
     assert status in ("completed", "failed", "cancelled")
     tx.execute(
-        f"UPDATE gepa_jobs SET status = ?, error = ?, created_version = ?, lineage = ?, "
+        f"UPDATE gepa_jobs SET status = ?, error = ?, message = ?, created_version = ?, lineage = ?, "
         f"metric_calls = COALESCE(?, metric_calls), best_score = COALESCE(?, best_score), "
         f"best_prompt = COALESCE(?, best_prompt), candidates = COALESCE(?, candidates), "
         f"completed_at = {tx.dialect.now}, lease_owner = NULL, lease_expires_at = NULL "
@@ -134,6 +195,7 @@ def finish_job(
         (
             status,
             error,
+            message,
             created_version,
             json.dumps(list(lineage or [])),
             metric_calls,

@@ -127,7 +127,11 @@ SCHEMAS: dict[str, Any] = {
             "config": _obj(
                 {
                     "parallelism": {**_I, "default": 5},
-                    "timeout_per_task_ms": {**_I, "default": 30000},
+                    "timeout_per_task_ms": {
+                        **_I,
+                        "description": "default: 30000 for a hosted model, 600000 for a local one (local, llamacpp, "
+                        "transformers)",
+                    },
                     "deadline_s": {**_N, "default": 600, "description": "then unfinished tasks are `timeout`"},
                     "model": {**_S, "description": "overrides the version's model"},
                     "score": {**_S, "description": "built-in scorer name(s) or module:function"},
@@ -174,7 +178,11 @@ SCHEMAS: dict[str, Any] = {
             "max_metric_calls": _I,
             "parallelism": _I,
             "poll_timeout_s": {**_N, "description": "each evaluation batch's deadline"},
-            "timeout_per_task_ms": _I,
+            "timeout_per_task_ms": {
+                **_I,
+                "description": "default: 30000 for a hosted model, 600000 for a local one (local, llamacpp, "
+                "transformers); timed-out tasks score 0 and are counted in the job's `timeouts`",
+            },
             "score_threshold": _N,
             "reflection_model": _ref("Endpoint"),
             "seed_prompt": {**_S, "description": "default: the agent version's system prompt"},
@@ -196,8 +204,10 @@ SCHEMAS: dict[str, Any] = {
             "best_prompt": _S,
             "candidates": _I,
             "lineage": {"type": "array", "items": {"type": "object"}},
-            "created_version": _I,
-            "error": _S,
+            "created_version": {**_I, "description": "the new version (none when nothing beat the seed)"},
+            "error": {**_S, "description": "why the job failed"},
+            "message": {**_S, "description": "how it ended beside its status: no version made, tasks timed out"},
+            "timeouts": {**_I, "description": "evaluated tasks that timed out (each scored 0)"},
             "created_at": _T,
             "completed_at": _T,
         }

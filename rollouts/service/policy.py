@@ -16,6 +16,10 @@ given to `serve` and to every `worker` with `--policy FILE` or `$ROLLOUTS_SERVIC
     extra_params = ["my_server_param"]       # extra_params keys allowed beside the built-in ones
     providers = ["transformers"]             # providers allowed beside the built-in ones
 
+    [mcp.github]                             # MCP servers a request may name: environment "mcp/github"
+    command = "npx -y @modelcontextprotocol/server-github"   # stdio (or url = "https://..." for HTTP)
+    pass_env = ["GITHUB_TOKEN"]              # variables passed to it (headers_from_env for a URL)
+
 Built in, with no file: one credential per hosted provider (`anthropic`: ANTHROPIC_API_KEY,
 `openai`: OPENAI_API_KEY, `google`: GEMINI_API_KEY or GOOGLE_API_KEY), each sent only to its
 provider's own API (an endpoint that uses it gives no `api_base`), and the built-in environments
@@ -41,6 +45,7 @@ from typing import Any
 
 from rollouts.config import BaseModelConfig
 from rollouts.dtypes import Endpoint
+from rollouts.environments.mcp import MCPServer
 from rollouts.errors import ConfigurationError
 from rollouts.providers.keys import PROVIDER_KEY_ENV
 
@@ -170,6 +175,7 @@ class ServicePolicy:
     imports: tuple[str, ...] = ()
     extra_params: frozenset[str] = BUILTIN_EXTRA_PARAMS
     providers: frozenset[str] = BUILTIN_PROVIDERS
+    mcp_servers: Mapping[str, MCPServer] = field(default_factory=dict)
 
     # ---- building ---------------------------------------------------------------------------
 
@@ -181,9 +187,11 @@ class ServicePolicy:
         imports: tuple[str, ...] | list[str] = (),
         extra_params: tuple[str, ...] | list[str] = (),
         providers: tuple[str, ...] | list[str] = (),
+        mcp: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> ServicePolicy:
         """The built-in policy plus these credentials (name -> {key_env, base_urls, providers};
-        a built-in name is replaced), imports, extra_params keys and providers."""
+        a built-in name is replaced), imports, extra_params keys, providers and MCP servers
+        (name -> {command | url, env, pass_env, cwd, headers_from_env})."""
         creds = dict(_BUILTIN_CREDENTIALS)
         for name, spec in (credentials or {}).items():
             creds[name] = _credential(name, spec)
@@ -196,6 +204,7 @@ class ServicePolicy:
             imports=tuple(str(r) for r in imports),
             extra_params=BUILTIN_EXTRA_PARAMS | frozenset(str(p) for p in extra_params),
             providers=BUILTIN_PROVIDERS | frozenset(str(p) for p in providers),
+            mcp_servers={name: _mcp_server(name, spec) for name, spec in (mcp or {}).items()},
         )
 
     @classmethod
@@ -205,7 +214,7 @@ class ServicePolicy:
             data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise ConfigurationError(f"service policy {path}: {e}") from None
-        unknown = sorted(set(data) - {"credentials", "imports", "endpoint"})
+        unknown = sorted(set(data) - {"credentials", "imports", "endpoint", "mcp"})
         if unknown:
             raise ConfigurationError(f"service policy {path}: unknown section(s) {unknown}")
         try:
@@ -214,6 +223,7 @@ class ServicePolicy:
                 imports=list((data.get("imports") or {}).get("allow", [])),
                 extra_params=list((data.get("endpoint") or {}).get("extra_params", [])),
                 providers=list((data.get("endpoint") or {}).get("providers", [])),
+                mcp=data.get("mcp") or {},
             )
         except ConfigurationError as e:
             raise ConfigurationError(f"service policy {path}: {e}") from None
@@ -328,6 +338,21 @@ class ServicePolicy:
     def _names(self) -> str:
         return "configured: " + (", ".join(sorted(self.credentials)) or "none")
 
+    # ---- MCP servers ------------------------------------------------------------------------
+
+    def mcp_server(self, name: str, field: str) -> MCPServer:
+        """The operator's MCP server `name` (a request names it as environment `mcp/<name>`);
+        PolicyError when the policy defines none by that name."""
+        server = self.mcp_servers.get(name)
+        if server is None:
+            configured = ", ".join(sorted(self.mcp_servers)) or "none"
+            raise PolicyError(
+                field,
+                f"no MCP server {name!r} on this service (configured: {configured}); the operator defines them "
+                "in the policy's [mcp.NAME] tables",
+            )
+        return server
+
     # ---- imports ----------------------------------------------------------------------------
 
     def check_import(self, ref: str, field: str) -> None:
@@ -367,3 +392,28 @@ def _credential(name: str, spec: Mapping[str, Any]) -> Credential:
         return tuple(v)
 
     return Credential(name, strings("key_env"), strings("base_urls"), strings("providers"))
+
+
+_MCP_KEYS = ("command", "url", "env", "pass_env", "cwd", "headers_from_env")
+
+
+def _mcp_server(name: str, spec: Mapping[str, Any]) -> MCPServer:
+    if not isinstance(spec, Mapping) or not _ENV_NAME.match(name):
+        raise ConfigurationError(f"mcp.{name} must be a table, named with letters, digits and _")
+    unknown = sorted(set(spec) - set(_MCP_KEYS))
+    if unknown:
+        raise ConfigurationError(f"mcp.{name}: unknown setting(s) {unknown}; known: {', '.join(_MCP_KEYS)}")
+    variables = [*spec.get("pass_env", []), *dict(spec.get("headers_from_env", {})).values()]
+    for var in variables:
+        if not isinstance(var, str) or not _ENV_NAME.match(var) or _OWN_CONFIG.match(var):
+            raise ConfigurationError(
+                f"mcp.{name}: {var!r} is not a variable an MCP server may be given (a name, not the service's own "
+                "configuration)"
+            )
+    if "url" in spec:
+        return MCPServer.http(str(spec["url"]), headers_from_env=dict(spec.get("headers_from_env", {})))
+    if "command" not in spec:
+        raise ConfigurationError(f"mcp.{name} needs command (stdio) or url (streamable HTTP)")
+    return MCPServer.stdio(
+        spec["command"], env=dict(spec.get("env", {})), pass_env=list(spec.get("pass_env", [])), cwd=spec.get("cwd")
+    )

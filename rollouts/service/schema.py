@@ -149,6 +149,24 @@ MIGRATIONS: list[list[str]] = [
     [
         "ALTER TABLE batches ADD COLUMN request_digest TEXT",
     ],
+    # 7: the web UI's sign-in sessions (rollouts.service.ui_sessions): the cookie holds a session
+    # id, revocable and expiring, instead of the long-lived API token
+    [
+        """CREATE TABLE IF NOT EXISTS ui_sessions (
+            id_hash TEXT PRIMARY KEY,
+            token_id TEXT NOT NULL REFERENCES tokens(id),
+            workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+            created_at {float} NOT NULL,
+            expires_at {float} NOT NULL,
+            ended_at {float}
+        )""",
+        "CREATE INDEX IF NOT EXISTS ui_sessions_expires ON ui_sessions(expires_at)",
+    ],
+    # 8: what a GEPA job says about how it ended beside its status (no version when nothing
+    # improved on the seed; tasks that timed out)
+    [
+        "ALTER TABLE gepa_jobs ADD COLUMN message TEXT",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

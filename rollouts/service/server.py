@@ -6,13 +6,16 @@ the lease sweeper and the GEPA job runner, in one trio run.
 Worker processes are `python -m rollouts.cli service worker`, given the database URL through the
 environment (`ROLLOUTS_SERVICE_DB`, never the command line, which other users can read); a
 worker process that exits is restarted, always (a task that crashes it is failed by the queue after its
-attempts; serve itself never stops because a worker did).
+attempts; serve itself never stops because a worker did). Cancelling `serve` (the CLI does on
+SIGTERM) stops the workers with SIGTERM: they put their running tasks back and exit. A worker
+also stops when serve dies without stopping it (SIGKILL): its stdin is a pipe only serve holds.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -44,15 +47,17 @@ async def _worker_process(
     env = {**os.environ, DB_ENV: db_url}
     if policy_file:
         env[POLICY_ENV] = policy_file  # (an absolute path: the CLI makes it one)
-    extra = ("--lease", str(lease_s)) if lease_s else ()
+    # (--exit-with-parent: the worker stops when its stdin, a pipe only this process holds,
+    # closes -- when serve dies, even by SIGKILL, the workers put their tasks back and exit)
+    extra = ("--exit-with-parent", *(("--lease", str(lease_s)) if lease_s else ()))
     failures = 0
     while True:
         started = trio.current_time()
-        proc = await trio.lowlevel.open_process(worker_command(concurrency, extra), env=env)
+        proc = await trio.lowlevel.open_process(worker_command(concurrency, extra), env=env, stdin=subprocess.PIPE)
         try:
             code = await proc.wait()
         finally:
-            if proc.returncode is None:
+            if proc.returncode is None:  # serve is stopping: the worker puts its tasks back and exits
                 with trio.CancelScope(shield=True):
                     proc.terminate()
                     with trio.move_on_after(10):
@@ -60,6 +65,9 @@ async def _worker_process(
                     if proc.returncode is None:
                         proc.kill()
                         await proc.wait()
+            if proc.stdin is not None:
+                with trio.CancelScope(shield=True):
+                    await proc.stdin.aclose()
         failures = failures + 1 if trio.current_time() - started < 60 else 1
         _log.warning("worker process %d exited with %s (%d in a row): restarting it", n, code, failures)
         await trio.sleep(min(0.25 * 2 ** min(failures - 1, 7), 30.0))

@@ -4,15 +4,16 @@
 
 Browsers cannot put an Authorization header on an EventSource, so the UI signs in with a cookie:
 `/ui/login` takes a token (the same `rlt_...` tokens as the API) and, if the service accepts it,
-sets an HttpOnly, SameSite=Strict cookie holding it, limited to the UI's path (Secure over
-HTTPS). Every other UI route looks the token up again (revoked or expired tokens stop working at
-once); the request then reads the service's database through a `ServiceCatalog` made for its
+starts a server-side session (rollouts.service.ui_sessions) and sets an HttpOnly,
+SameSite=Strict cookie holding the session's id (never the token), limited to the UI's path
+(Secure over HTTPS). Every other UI route looks the session up again: sign-out ends it (a copied
+cookie stops working), it expires, and revoking its token ends it at once. The request then reads the service's database through a `ServiceCatalog` made for its
 workspace (`catalog_for(request)`), so another workspace's batch or job is a 404 page. Without a
 valid cookie an HTML page redirects to the login page and the JSON and live routes answer 401,
 with no detail. Live streams check the sign-in again on every poll and end when it is revoked.
 POST forms (start a GEPA job, promote a version, sign out) carry a CSRF token derived from the
-session's token (SHA-256 of a fixed label and the token: it proves the form came from a page of
-this session, and reveals nothing of the token), on top of SameSite=Strict.
+session's id (SHA-256 of a fixed label and the id: it proves the form came from a page of this
+session, and reveals nothing of the id), on top of SameSite=Strict.
 
 Service pages (module-level handlers of `(ctx, request, workspace)`, templates under the
 viewer's `templates/service/`, added to the viewer through `create_app(routes=..., nav=...)`):
@@ -38,13 +39,14 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from rollouts.service import accounts
-from rollouts.service.api import iso
+from rollouts.service import accounts, ui_sessions
 from rollouts.service.auth import TOKEN_PREFIX
 from rollouts.service.catalog import ServiceCatalog
 from rollouts.service.gepa_jobs import start_job
-from rollouts.service.requests import ApiError
+from rollouts.service.requests import ApiError, read_body
+from rollouts.service.routing import iso
 from rollouts.service.store import Store
+from rollouts.service.ui_sessions import SESSION_PREFIX
 from rollouts.view import pages
 from rollouts.view.app import SecurityHeaders, create_app
 from rollouts.view.catalog import EvalRunRow, GepaRunRow, NotFound
@@ -56,12 +58,12 @@ __all__ = ["COOKIE", "UiContext", "create_ui", "csrf_token"]
 
 COOKIE = "rollouts_ui"
 MAX_FORM_BYTES = 4 * 1024 * 1024
-_STATE_TOKEN, _STATE_WORKSPACE = "ui_token", "ui_workspace"
+_STATE_SESSION, _STATE_WORKSPACE = "ui_session", "ui_workspace"
 
 
-def csrf_token(token: str) -> str:
-    """The CSRF token of forms in the session signed in with `token`."""
-    return hashlib.sha256(b"rollouts-ui-csrf\0" + token.encode("utf-8")).hexdigest()
+def csrf_token(session_id: str) -> str:
+    """The CSRF token of forms in the session `session_id`."""
+    return hashlib.sha256(b"rollouts-ui-csrf\0" + session_id.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -83,11 +85,11 @@ class UiContext:
         )
 
     async def still_signed_in(self, request: Request) -> bool:
-        """Whether the request's sign-in still holds (its token not revoked nor expired)."""
-        token = request.scope.get("state", {}).get(_STATE_TOKEN)
-        if not token:
+        """Whether the request's session still holds (not ended, expired, nor its token revoked)."""
+        session = request.scope.get("state", {}).get(_STATE_SESSION)
+        if not session:
             return False
-        return await self.store.read(accounts.workspace_for_token, token) == workspace_of(request)
+        return await self.store.read(ui_sessions.session_workspace, session) == workspace_of(request)
 
 
 def workspace_of(request: Request) -> str:
@@ -109,7 +111,7 @@ def _cookie(scope: Mapping[str, Any]) -> str | None:
         if name == b"cookie":
             for part in bytes(value).decode("latin-1").split(";"):
                 key, _, val = part.strip().partition("=")
-                if key == COOKIE and val.startswith(TOKEN_PREFIX) and len(val) <= 200:
+                if key == COOKIE and val.startswith(SESSION_PREFIX) and len(val) <= 200:
                     return val
     return None
 
@@ -146,8 +148,8 @@ class _RequireSession:
         if path == "/login" or path.startswith("/static/"):
             await self.app(scope, receive, send)
             return
-        token = _cookie(scope)
-        ws = await self.store.read(accounts.workspace_for_token, token) if token else None
+        session = _cookie(scope)
+        ws = await self.store.read(ui_sessions.session_workspace, session) if session else None
         if ws is None:
             if scope["method"] in ("GET", "HEAD") and not path.startswith(("/api/", "/live")):
                 response = RedirectResponse(f"{self.prefix}/login", status_code=303)
@@ -155,7 +157,7 @@ class _RequireSession:
                 response = Response(json.dumps({"error": "unauthorized"}), 401, media_type="application/json")
             await response(scope, receive, send)
             return
-        scope.setdefault("state", {}).update({_STATE_TOKEN: token, _STATE_WORKSPACE: ws})
+        scope.setdefault("state", {}).update({_STATE_SESSION: session, _STATE_WORKSPACE: ws})
         await self.app(scope, receive, send)
 
 
@@ -164,20 +166,15 @@ class _RequireSession:
 
 async def _form(request: Request) -> dict[str, str]:
     """An urlencoded form body (at most MAX_FORM_BYTES)."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_FORM_BYTES:
-            raise ApiError(413, "too_large", f"the form is over {MAX_FORM_BYTES} bytes", "body")
-        chunks.append(chunk)
-    parsed = parse_qs(b"".join(chunks).decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=100)
+    raw = await read_body(request, MAX_FORM_BYTES, "the form")
+    parsed = parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=100)
     return {k: v[-1] for k, v in parsed.items()}
 
 
 def _csrf(request: Request) -> str:
-    token = request.scope.get("state", {}).get(_STATE_TOKEN)
-    assert token, "a form route outside the session middleware"
-    return csrf_token(str(token))
+    session = request.scope.get("state", {}).get(_STATE_SESSION)
+    assert session, "a form route outside the session middleware"
+    return csrf_token(str(session))
 
 
 def _check_csrf(request: Request, form: Mapping[str, str]) -> None:
@@ -220,18 +217,20 @@ async def login(ctx: UiContext, request: Request) -> Response:
     form = await _form(request)
     token = form.get("token", "").strip()
     valid = token.startswith(TOKEN_PREFIX) and len(token) <= 200
-    ws = await ctx.store.read(accounts.workspace_for_token, token) if valid else None
-    if ws is None:
+    started = await ctx.store.call(ui_sessions.start_session, token) if valid else None
+    if started is None:
         return _page(ctx, "login.html", "Sign in", 401, message="That token was not accepted.")
     response = RedirectResponse(f"{ctx.prefix}/batches", status_code=303)
     response.set_cookie(
-        COOKIE, token, httponly=True, samesite="strict", path=ctx.prefix or "/", secure=request.url.scheme == "https"
-    )
+        COOKIE, started[0], httponly=True, samesite="strict", path=ctx.prefix or "/",
+        secure=request.url.scheme == "https", max_age=int(ui_sessions.SESSION_TTL_S),
+    )  # fmt: skip
     return response
 
 
 async def logout(ctx: UiContext, request: Request, ws: str) -> Response:
     _check_csrf(request, await _form(request))
+    await ctx.store.call(ui_sessions.end_session, str(request.scope["state"][_STATE_SESSION]))
     response = RedirectResponse(f"{ctx.prefix}/login", status_code=303)
     response.delete_cookie(COOKIE, path=ctx.prefix or "/", httponly=True, samesite="strict")
     return response

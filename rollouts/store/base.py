@@ -25,6 +25,7 @@ class SessionStatus(enum.StrEnum):
     FAILED = "failed"
     MAX_TURNS = "max_turns"  # stopped by a limit before the agent finished
     BUDGET_EXCEEDED = "budget_exceeded"
+    NO_TOOL_CALLED = "no_tool_called"  # offered tools, the model ended with a text answer (without tools: completed)
 
 
 class SessionError(RolloutsError):

@@ -331,7 +331,7 @@ def _message_text(m: Mapping[str, Any]) -> str:
 class SessionIndex(_Index):
     """The index of one FileSessionStore root (`root/<session id>/session.json, messages.jsonl`)."""
 
-    VERSION = 4
+    VERSION = 5
     SCHEMA = """
     CREATE TABLE IF NOT EXISTS sessions(
         id TEXT PRIMARY KEY, parent_id TEXT, branch_point INTEGER, status TEXT, model TEXT,
@@ -441,7 +441,9 @@ class SessionIndex(_Index):
                     if isinstance(details, Mapping) and details.get("is_error"):
                         errors += 1
                     t = _message_text(m)
-                    if not preview and t and (m.get("role") == "user" or meta.get("parent_id")):
+                    # (a user message: a branch's own history starts mid-conversation, with a tool
+                    # result or a reply; without a user message of its own it shows its parent's)
+                    if not preview and t and m.get("role") == "user":
                         preview = t[:200]
                     if size < SESSION_TEXT_CAP and t:
                         parts.append(t[: SESSION_TEXT_CAP - size].lower())

@@ -10,7 +10,11 @@ from typing import Any
 from rollouts.view.catalog import SampleRow, SessionQuery, SessionRow
 from rollouts.view.sql import SampleColumns
 
-SESSION_COLS = "id, status, model, provider, parent_id, branch_point, tags, created_at, updated_at, n_own, tokens, cost, errors, preview"
+# (read FROM sessions s; a session without a user message of its own, a branch, shows its parent's first one)
+SESSION_COLS = (
+    "s.id, s.status, s.model, s.provider, s.parent_id, s.branch_point, s.tags, s.created_at, s.updated_at, s.n_own, "
+    "s.tokens, s.cost, s.errors, COALESCE(NULLIF(s.preview, ''), (SELECT p.preview FROM sessions p WHERE p.id = s.parent_id))"
+)
 
 
 # --------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from starlette.applications import Starlette
 from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
@@ -207,7 +207,10 @@ async def sample(ctx: ViewContext, r: Request) -> Response:
 
 
 async def compare(ctx: ViewContext, r: Request) -> Response:
-    return HTMLResponse(await pages.compare_page(ctx.catalog_for(r), ctx.links, _params(r)))
+    params = _params(r)
+    if len(r.query_params.getlist("run")) > 0:  # (the runs list's checkboxes: run=A&run=B...)
+        params["runs"] = ",".join(r.query_params.getlist("run"))
+    return HTMLResponse(await pages.compare_page(ctx.catalog_for(r), ctx.links, params))
 
 
 async def gepa_runs(ctx: ViewContext, r: Request) -> Response:
@@ -221,6 +224,14 @@ async def gepa_run(ctx: ViewContext, r: Request) -> Response:
 async def candidate(ctx: ViewContext, r: Request) -> Response:
     idx = int(r.path_params["idx"])
     return HTMLResponse(await pages.candidate_page(ctx.catalog_for(r), ctx.links, _pp(r, "run_id"), idx, _params(r)))
+
+
+async def sample_text(ctx: ViewContext, r: Request) -> Response:
+    return PlainTextResponse(await pages.sample_text(ctx.catalog_for(r), _params(r)))
+
+
+async def session_text(ctx: ViewContext, r: Request) -> Response:
+    return PlainTextResponse(await pages.session_text(ctx.catalog_for(r), _params(r)))
 
 
 # ---- JSON ---------------------------------------------------------------------------------------
@@ -286,7 +297,10 @@ async def live(ctx: ViewContext, r: Request) -> Response:
         if token == last:
             return None
         last = token
-        return await live_numbers(catalog, kind, item_id)
+        data, done = await live_numbers(catalog, kind, item_id)
+        if kind == "eval":  # the samples table of the page, as its filters show it
+            data["rows"] = await pages.sample_rows(catalog, ctx.links, item_id, _params(r))
+        return data, done
 
     allowed = ctx.still_allowed
     return live_response(
@@ -333,6 +347,8 @@ _ROUTES: tuple[tuple[str, Handler], ...] = (
     ("/evals/{run_id}", eval_run),
     ("/evals/{run_id}/samples/{sample_id:anytext}", sample),
     ("/compare", compare),
+    ("/text/sample", sample_text),
+    ("/text/session", session_text),
     ("/gepa", gepa_runs),
     ("/gepa/{run_id}", gepa_run),
     ("/gepa/{run_id}/candidates/{idx:int}", candidate),

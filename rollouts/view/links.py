@@ -55,11 +55,17 @@ class ServerLinks:
     def evals(self) -> str:
         return self._u("/evals")
 
+    def evals_list(self, **query: Any) -> str | None:
+        """The runs list, filtered and sorted."""
+        return self._u("/evals" + _query(query))
+
     def eval_run(self, run_id: str, **query: Any) -> str | None:
         return self._u(f"/evals/{quote(run_id, safe='')}" + _query(query))
 
-    def sample(self, run_id: str, sample_id: str) -> str | None:
-        return self._u(f"/evals/{quote(run_id, safe='')}/samples/{quote(sample_id, safe='')}")
+    def sample(self, run_id: str, sample_id: str, **query: Any) -> str | None:
+        """A sample's page (`query`: the table's filters and the sample's position in them, for
+        previous/next)."""
+        return self._u(f"/evals/{quote(run_id, safe='')}/samples/{quote(sample_id, safe='')}" + _query(query))
 
     def compare(self, a: str, b: str, **query: Any) -> str | None:
         return self._u("/compare" + _query({"a": a, "b": b, **query}))
@@ -67,6 +73,10 @@ class ServerLinks:
     def compare_form(self) -> str | None:
         """Where the compare form is sent (its fields give the runs)."""
         return self._u("/compare")
+
+    def compare_runs(self, run_ids: list[str], vs: str, **query: Any) -> str | None:
+        """N runs side by side, the first the baseline; the sample table against `vs`."""
+        return self._u("/compare" + _query({"runs": ",".join(run_ids), "vs": vs, **query}))
 
     def gepa_runs(self) -> str:
         return self._u("/gepa")
@@ -77,8 +87,16 @@ class ServerLinks:
     def candidate(self, run_id: str, idx: int) -> str | None:
         return self._u(f"/gepa/{quote(run_id, safe='')}/candidates/{int(idx)}")
 
-    def live(self, kind: str, item_id: str) -> str | None:
-        return self._u(f"/live/{kind}/{quote(item_id, safe='')}")
+    def live(self, kind: str, item_id: str, **query: Any) -> str | None:
+        """The live stream of an item (`query`: the page's filters, for the rows it shows)."""
+        return self._u(f"/live/{kind}/{quote(item_id, safe='')}" + _query(query))
+
+    def sample_text(self, run_id: str, sample_id: str, message: int, part: int) -> str | None:
+        """The whole text of one part of one message of a sample (plain text)."""
+        return self._u("/text/sample" + _query({"run": run_id, "id": sample_id, "m": str(message), "p": str(part)}))
+
+    def session_text(self, session_id: str, message: int, part: int) -> str | None:
+        return self._u("/text/session" + _query({"id": session_id, "m": str(message), "p": str(part)}))
 
 
 class BundleLinks:
@@ -121,10 +139,13 @@ class BundleLinks:
     def evals(self) -> str:
         return self._rel("evals.html")
 
+    def evals_list(self, **query: Any) -> str | None:
+        return None if _query(query) else self._rel("evals.html")
+
     def eval_run(self, run_id: str, **query: Any) -> str | None:
         return None if _query(query) else self._rel(f"evals/{run_id}.html")
 
-    def sample(self, run_id: str, sample_id: str) -> str | None:
+    def sample(self, run_id: str, sample_id: str, **query: Any) -> str | None:
         if self._samples is not None and (run_id, sample_id) not in self._samples:
             return None
         return self._rel(f"evals/{run_id}/{sample_file_name(sample_id)}.html")
@@ -133,6 +154,9 @@ class BundleLinks:
         return None
 
     def compare_form(self) -> str | None:
+        return None
+
+    def compare_runs(self, run_ids: list[str], vs: str, **query: Any) -> str | None:
         return None
 
     def gepa_runs(self) -> str:
@@ -144,7 +168,13 @@ class BundleLinks:
     def candidate(self, run_id: str, idx: int) -> str | None:
         return self._rel(f"gepa/{run_id}/c{int(idx)}.html")
 
-    def live(self, kind: str, item_id: str) -> str | None:
+    def live(self, kind: str, item_id: str, **query: Any) -> str | None:
+        return None
+
+    def sample_text(self, run_id: str, sample_id: str, message: int, part: int) -> str | None:
+        return None
+
+    def session_text(self, session_id: str, message: int, part: int) -> str | None:
         return None
 
 

@@ -8,16 +8,19 @@ query parameters, and return HTML. They raise NotFound (404) for unknown ids and
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jinja2
 from markupsafe import Markup
 
+from rollouts.dtypes import Message
 from rollouts.view.catalog import (
     METRIC_OPS,
     SAMPLE_SORTS,
     Catalog,
+    EvalRunRow,
     NotFound,
     SampleQuery,
     SessionQuery,
@@ -27,6 +30,7 @@ from rollouts.view.render import (
     best_score_points,
     branch_diff,
     environment,
+    full_part_text,
     lineage_tree,
     score_plot,
     text_diff,
@@ -136,8 +140,9 @@ async def session_page(catalog: Catalog, links: Links, session_id: str, params: 
     page_no = _page_number(params)
     detail = await catalog.get_session(session_id, offset=(page_no - 1) * TRANSCRIPT_PAGE, limit=TRANSCRIPT_PAGE)
     return render(
-        "session.html", links, title=f"Session {session_id}", d=detail, page_no=page_no, per_page=TRANSCRIPT_PAGE
-    )
+        "session.html", links, title=f"Session {session_id}", d=detail, page_no=page_no, per_page=TRANSCRIPT_PAGE,
+        text_link=lambda m, p: links.session_text(session_id, m, p),
+    )  # fmt: skip
 
 
 async def session_diff_page(catalog: Catalog, links: Links, session_id: str, params: Params) -> str:
@@ -152,9 +157,25 @@ async def session_diff_page(catalog: Catalog, links: Links, session_id: str, par
     return render("diff.html", links, title=f"Branch {session_id} vs its parent", row=row, items=items, d=detail)
 
 
+RUN_SORTS = {"date": lambda r: r.started_at, "name": lambda r: r.name.lower(), "task": lambda r: r.task.lower(),
+             "model": lambda r: r.model.lower(), "score": lambda r: (r.mean_reward is not None, r.mean_reward or 0.0),
+             "samples": lambda r: r.n_samples}  # fmt: skip
+
+
 async def evals_page(catalog: Catalog, links: Links, params: Params) -> str:
-    runs = await catalog.list_eval_runs()
-    return render("evals.html", links, title="Evaluations", runs=runs)
+    """The runs, filtered (`q`: text in name, task, model or location) and sorted (`sort` one of
+    RUN_SORTS, `order` asc|desc; newest first by default)."""
+    runs = list(await catalog.list_eval_runs())
+    text = params.get("q", "").strip().lower()
+    if text:
+        runs = [r for r in runs if any(text in x.lower() for x in (r.name, r.task, r.model, r.location, r.run_id))]
+    sort = params.get("sort", "") or "date"
+    if sort not in RUN_SORTS:
+        raise ValueError(f"sort must be one of {', '.join(RUN_SORTS)}, got {sort!r}")
+    descending = params.get("order", "desc" if sort in ("date", "score", "samples") else "asc") == "desc"
+    runs.sort(key=RUN_SORTS[sort], reverse=descending)
+    form = {"q": params.get("q", ""), "sort": sort, "order": "desc" if descending else "asc"}
+    return render("evals.html", links, title="Evaluations", runs=runs, form=form)
 
 
 def sample_query(params: Params) -> SampleQuery:
@@ -188,7 +209,7 @@ async def eval_run_page(catalog: Catalog, links: Links, run_id: str, params: Par
     q = sample_query(params)
     page = await catalog.list_samples(run_id, q)
     others = [r for r in await catalog.list_eval_runs() if r.run_id != run_id]
-    form = {k: params.get(k, "") for k in ("q", "status", "failed", "metric", "op", "value", "meta", "sort", "order")}
+    form = {k: params.get(k, "") for k in _SAMPLE_PARAMS}
     return render(
         "eval_run.html",
         links,
@@ -201,22 +222,138 @@ async def eval_run_page(catalog: Catalog, links: Links, run_id: str, params: Par
         others=others,
         sorts=SAMPLE_SORTS,
         ops=METRIC_OPS,
+        live_query={k: v for k, v in params.items() if k in (*_SAMPLE_PARAMS, "page") and v},
+        table_query=_table_query(params),
     )
+
+
+def _table_query(params: Params) -> dict[str, str]:
+    """The filters and order of a samples table (what a sample's previous/next follow)."""
+    return {k: v for k, v in params.items() if k in _SAMPLE_PARAMS and v}
+
+
+_SAMPLE_PARAMS = ("q", "status", "failed", "metric", "op", "value", "meta", "sort", "order")
+
+
+async def sample_rows(catalog: Catalog, links: Links, run_id: str, params: Params) -> str:
+    """The rows of a run's samples table for `params` (the live page refreshes them)."""
+    detail = await catalog.get_eval_run(run_id)
+    page = await catalog.list_samples(run_id, sample_query(params))
+    macros: Any = _env().get_template("_macros.html").module
+    return str(macros.sample_rows(detail, page, links, _table_query(params)))
 
 
 async def sample_page(catalog: Catalog, links: Links, run_id: str, sample_id: str, params: Params) -> str:
     detail = await catalog.get_eval_run(run_id)
     sample = await catalog.get_sample(run_id, sample_id)
-    return render("sample.html", links, title=f"Sample {sample_id}", d=detail, s=sample)
+    prev, next_ = await _neighbours(catalog, run_id, sample_id, params)
+    query = _table_query(params)
+    pos = _int(params, "pos") if params.get("pos") else 0
+    target = next((sample.input[k] for k in TARGET_KEYS if sample.input.get(k) not in (None, "")), None)
+    return render(
+        "sample.html", links, title=f"Sample {sample_id}", d=detail, s=sample, target=target,
+        text_link=lambda m, p: links.sample_text(run_id, sample_id, m, p),
+        prev=links.sample(run_id, prev, pos=str(pos - 1), **query) if prev is not None else None,
+        next=links.sample(run_id, next_, pos=str(pos + 1), **query) if next_ is not None else None,
+        explanation=explanation,
+    )  # fmt: skip
+
+
+TARGET_KEYS = ("target", "expected", "expected_answer", "answer", "ground_truth", "reference", "label")
+
+
+def explanation(metric: Any) -> str:
+    """What a scorer said about a metric's value (its metadata's explanation, feedback or reason)."""
+    meta = getattr(metric, "metadata", None) or {}
+    for key in ("explanation", "feedback", "reason", "rationale"):
+        if meta.get(key):
+            return str(meta[key])
+    return ""
+
+
+async def _neighbours(catalog: Catalog, run_id: str, sample_id: str, params: Params) -> tuple[str | None, str | None]:
+    """The samples before and after this one in the table it was opened from (its filters and
+    order, `pos` its position there); (None, None) when it is not where `pos` says (the run
+    changed since, or no position was given)."""
+    if not params.get("pos"):
+        return None, None
+    pos = _int(params, "pos")
+    if pos < 0:
+        return None, None
+    q = replace(sample_query(params), offset=max(0, pos - 1), limit=3)
+    ids = [s.sample_id for s in (await catalog.list_samples(run_id, q)).items]
+    i = pos - q.offset
+    if not (0 <= i < len(ids) and ids[i] == sample_id):
+        return None, None
+    return (ids[i - 1] if i > 0 else None), (ids[i + 1] if i + 1 < len(ids) else None)
+
+
+def _message_at(messages: Sequence[Message], index: int, what: str) -> Message:
+    if not 0 <= index < len(messages):
+        raise NotFound(f"{what} has no message {index}")
+    return messages[index]
+
+
+async def sample_text(catalog: Catalog, params: Params) -> str:
+    """The whole text of part `p` of message `m` of sample `id` of run `run` (a page shows the
+    first TEXT_SHOWN characters of it)."""
+    run_id, sample_id = params.get("run", ""), params.get("id", "")
+    sample = await catalog.get_sample(run_id, sample_id)
+    messages = sample.trajectory.messages if sample.trajectory else ()
+    message = _message_at(messages, _int(params, "m"), f"sample {sample_id!r}")
+    return _part_text(message, _int(params, "p"))
+
+
+async def session_text(catalog: Catalog, params: Params) -> str:
+    """The whole text of part `p` of message `m` of session `id`."""
+    session_id, index = params.get("id", ""), _int(params, "m")
+    detail = await catalog.get_session(session_id, offset=max(0, index), limit=1)
+    return _part_text(
+        _message_at(detail.messages, 0 if index >= 0 else -1, f"session {session_id!r}"), _int(params, "p")
+    )
+
+
+def _part_text(message: Message, part: int) -> str:
+    try:
+        return full_part_text(message, part)
+    except IndexError:
+        raise NotFound(f"that message has no part {part}") from None
+
+
+COMPARE_MAX = 8
+
+
+@dataclass(frozen=True)
+class CompareRun:
+    """One run of a comparison: its row (with metric means) and its overlap with the baseline."""
+
+    row: EvalRunRow
+    shared: int
+    regressed: int
+    improved: int
 
 
 async def compare_page(catalog: Catalog, links: Links, params: Params) -> str:
-    a, b = params.get("a", ""), params.get("b", "")
-    if not a or not b:
-        raise ValueError("compare needs two runs: ?a=RUN&b=RUN")
+    """Runs side by side (`runs=A,B,C`, the first the baseline; or `a=` and `b=`): every run on
+    every metric, and the per-sample table of the baseline against `vs` (the second by default)."""
+    ids = [x for x in params.get("runs", "").split(",") if x] or [x for x in (params.get("a"), params.get("b")) if x]
+    ids = list(dict.fromkeys(ids))
+    if len(ids) < 2:
+        raise ValueError("compare needs two runs or more: check them on the Evaluations page (or ?a=RUN&b=RUN)")
+    if len(ids) > COMPARE_MAX:
+        raise ValueError(f"compare takes at most {COMPARE_MAX} runs, got {len(ids)}")
+    vs = params.get("vs") or ids[1]
+    if vs not in ids[1:]:
+        raise ValueError(f"vs must be one of the compared runs other than the first, got {vs!r}")
     page_no = _page_number(params)
-    cmp = await catalog.compare_runs(a, b, offset=(page_no - 1) * PAGE_SIZE, limit=PAGE_SIZE)
-    return render("compare.html", links, title="Compare runs", c=cmp, page_no=page_no)
+    cmp = await catalog.compare_runs(ids[0], vs, offset=(page_no - 1) * PAGE_SIZE, limit=PAGE_SIZE)
+    runs = [CompareRun((await catalog.get_eval_run(ids[0])).row, cmp.a.n_samples, 0, 0)]
+    for other in ids[1:]:
+        c = cmp if other == vs else await catalog.compare_runs(ids[0], other, limit=1)
+        runs.append(CompareRun((await catalog.get_eval_run(other)).row, c.shared, c.regressed, c.improved))
+    metrics = sorted({name for r in runs for name in r.row.metrics})
+    return render("compare.html", links, title="Compare runs", c=cmp, page_no=page_no, runs=runs, ids=ids, vs=vs,
+                  metrics=metrics)  # fmt: skip
 
 
 async def gepa_runs_page(catalog: Catalog, links: Links, params: Params) -> str:

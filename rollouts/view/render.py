@@ -19,6 +19,7 @@ from markupsafe import Markup
 
 from rollouts.dtypes import Message, TextContent, ThinkingContent, ToolCallContent
 from rollouts.gepa.result import CandidateRecord, IterationRecord
+from rollouts.view.text import ansi_html, markdown_html
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
@@ -55,8 +56,10 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(num=num, money=money, pretty_json=pretty_json)
-    env.globals.update(message_parts=message_parts, message_is_error=message_is_error)
+    env.filters.update(num=num, money=money, pretty_json=pretty_json, clip=clip, bidi=neutral_bidi)
+    env.globals.update(
+        message_parts=message_parts, message_is_error=message_is_error, markdown_html=markdown_html, ansi_html=ansi_html
+    )
     return env
 
 
@@ -65,30 +68,70 @@ def environment() -> jinja2.Environment:
 # --------------------------------------------------------------------------------------------
 
 
+TEXT_SHOWN = 20_000  # characters of one message part a page shows; the rest is a "show all" link away
+LONG_LINES = 40  # a part with more lines than this starts collapsed
+# bidirectional overrides and isolates: shown as visible marks, so model text cannot reorder
+# what the page displays around it (or spoof a file name, an id, a verdict)
+_BIDI = {c: f"\u27e8U+{c:04X}\u27e9" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
+def neutral_bidi(text: str) -> str:
+    """`text` with its bidirectional control characters replaced by visible marks."""
+    return text.translate(_BIDI)
+
+
 @dataclass(frozen=True)
 class Part:
-    """One displayable piece of a message: kind is text, thinking, tool_call, image."""
+    """One displayable piece of a message: kind is text, thinking, tool_call, image. `text` is
+    cut at TEXT_SHOWN characters (`hidden` more not shown); `long` parts start collapsed."""
 
     kind: str
     text: str = ""
     name: str = ""
     call_id: str = ""
     error: str = ""
+    hidden: int = 0
+    lines: int = 0
+
+    @property
+    def long(self) -> bool:
+        return self.lines > LONG_LINES or self.hidden > 0
 
 
-def message_parts(message: Message) -> list[Part]:
+def _part(kind: str, text: str, name: str = "", call_id: str = "", error: str = "", *, limit: int) -> Part:
+    shown = neutral_bidi(text[:limit])
+    return Part(kind, shown, name, call_id, error, hidden=max(0, len(text) - limit), lines=shown.count("\n") + 1)
+
+
+def message_parts(message: Message, limit: int = TEXT_SHOWN) -> list[Part]:
+    """The displayable parts of `message`, each cut at `limit` characters."""
     parts: list[Part] = []
     for b in message.blocks:
         if isinstance(b, TextContent):
-            parts.append(Part("text", b.text))
+            parts.append(_part("text", b.text, limit=limit))
         elif isinstance(b, ThinkingContent):
-            parts.append(Part("thinking", b.thinking if not b.redacted else "(redacted thinking)"))
+            parts.append(_part("thinking", b.thinking if not b.redacted else "(redacted thinking)", limit=limit))
         elif isinstance(b, ToolCallContent):
             args = b.raw_arguments if b.parse_error and b.raw_arguments else pretty_json(dict(b.arguments))
-            parts.append(Part("tool_call", args, b.name, b.id, b.parse_error or ""))
+            parts.append(_part("tool_call", args, b.name, b.id, b.parse_error or "", limit=limit))
         else:
             parts.append(Part("image", getattr(b, "url", None) or f"({getattr(b, 'media_type', 'image')}, inline)"))
     return parts
+
+
+def full_part_text(message: Message, index: int) -> str:
+    """The whole text of part `index` of `message` (what "show all" loads)."""
+    parts = message_parts(message, limit=1 << 62)
+    if not 0 <= index < len(parts):
+        raise IndexError(index)
+    return parts[index].text
+
+
+def clip(text: str, limit: int = TEXT_SHOWN) -> str:
+    """`text` cut at `limit` characters, saying how many more there are."""
+    if len(text) <= limit:
+        return neutral_bidi(text)
+    return neutral_bidi(text[:limit]) + f"\n… {len(text) - limit:,} more characters"
 
 
 def message_is_error(message: Message) -> bool:
