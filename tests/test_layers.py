@@ -244,3 +244,17 @@ def test_layers_providers_import_nothing_from_training() -> None:
         if name == "rollouts.training" or name.startswith("rollouts.training.")
     ]
     assert offenders == []
+
+
+def test_no_function_in_the_library_is_over_120_lines() -> None:
+    """Issue 32: one job per function; the viewer's create_app and the UI's create_ui were
+    closures of 300+ lines (split into module-level handlers), bash's run_command grew to 152."""
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > 120
+    ]
+    assert long == []

@@ -267,6 +267,15 @@ async def test_sample_page_previous_next_markdown_ansi_target_and_collapsing(
         dialogs: list[str] = []
         page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
         page.goto(f"{url}/evals/{run}?sort=reward&order=desc&metric=exact&op=%3E%3D&value=0.25")
+        # a favicon; a wide table scrolls in its box, the page itself does not
+        icon = page.locator("link[rel=icon]").get_attribute("href")
+        assert page.request.get(url + icon).status == 200
+        page.set_viewport_size({"width": 560, "height": 800})
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        assert page.evaluate(
+            "document.querySelector('.scroll').scrollWidth > document.querySelector('.scroll').clientWidth"
+        )
+        page.set_viewport_size({"width": 1280, "height": 860})
         ids = [t.strip() for t in page.locator("#samples tbody tr td.mono").all_inner_texts()]
         assert ids == ["s3", "s1", "s0", "s4"], ids  # s2 filtered out; ties in the sort's direction
         page.click("#samples >> text=s3")

@@ -76,7 +76,9 @@ def _add_db(p: argparse.ArgumentParser) -> None:
 def _database_errors() -> tuple[type[BaseException], ...]:
     import sqlite3
 
-    errors: list[type[BaseException]] = [sqlite3.Error]
+    from rollouts.service.store import DatabaseUnavailable
+
+    errors: list[type[BaseException]] = [sqlite3.Error, DatabaseUnavailable]
     try:
         import psycopg
 

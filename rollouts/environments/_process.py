@@ -117,6 +117,64 @@ def _terminate(pid: int) -> None:
         pass
 
 
+def _command_line(argv: Sequence[str], pid_write: int, cgroups: Sequence[str], bwrap: bool) -> list[str]:
+    """What run_command starts: the supervisor running `argv`, or `argv` (a bubblewrap command
+    line) reporting its init on `pid_write`, after joining `cgroups`."""
+    if not bwrap:
+        return [sys.executable, "-I", "-S", _REAPER, str(pid_write), *(f"--cgroup={c}" for c in cgroups), "--", *argv]
+    full = [argv[0], "--info-fd", str(pid_write), *argv[1:]]
+    if cgroups:  # joined before bwrap starts, so nothing the command forks escapes the limit
+        joins = "".join(f'echo $$ > "{os.path.join(c, "cgroup.procs")}" && ' for c in cgroups)
+        full = ["/bin/sh", "-c", joins + 'exec "$@"', "sh", *full]
+    return full
+
+
+async def _open_process(
+    full: list[str], cwd: str, env: Mapping[str, str] | None, pid_read: int, pid_write: int
+) -> trio.Process:
+    """`full` started in a new session, its output on a pipe, `pid_write` passed to it (and
+    closed here); `pid_read` closed too if it cannot start."""
+    try:
+        return await trio.lowlevel.open_process(
+            full,
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=(pid_write,),
+        )
+    except BaseException:
+        os.close(pid_read)
+        raise
+    finally:
+        os.close(pid_write)
+
+
+async def _wait_exit_or_stop(proc: trio.Process, stop: trio.Event | None) -> bool:
+    """Wait until `proc` exits or `stop` is set: whether `stop` ended the wait."""
+    if stop is None:
+        await proc.wait()
+        return False
+    stopped = False
+    async with trio.open_nursery() as waiters:
+
+        async def _wait_stop() -> None:
+            nonlocal stopped
+            await stop.wait()
+            stopped = True
+            waiters.cancel_scope.cancel()
+
+        async def _wait_exit() -> None:
+            await proc.wait()
+            waiters.cancel_scope.cancel()
+
+        waiters.start_soon(_wait_stop)
+        waiters.start_soon(_wait_exit)
+    return stopped
+
+
 async def run_command(
     argv: Sequence[str],
     *,
@@ -146,29 +204,7 @@ async def run_command(
     assert timeout_s > 0 and max_output_bytes > 0
     assert sys.executable, "the supervisor runs with this Python"
     pid_read, pid_write = os.pipe()
-    if not bwrap:
-        full = [sys.executable, "-I", "-S", _REAPER, str(pid_write), *(f"--cgroup={c}" for c in cgroups), "--", *argv]
-    else:
-        full = [argv[0], "--info-fd", str(pid_write), *argv[1:]]
-        if cgroups:  # joined before bwrap starts, so nothing the command forks escapes the limit
-            joins = "".join(f'echo $$ > "{os.path.join(c, "cgroup.procs")}" && ' for c in cgroups)
-            full = ["/bin/sh", "-c", joins + 'exec "$@"', "sh", *full]
-    try:
-        proc = await trio.lowlevel.open_process(
-            full,
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            pass_fds=(pid_write,),
-        )
-    except BaseException:
-        os.close(pid_read)
-        raise
-    finally:
-        os.close(pid_write)
+    proc = await _open_process(_command_line(argv, pid_write, cgroups, bwrap), cwd, env, pid_read, pid_write)
     pgid = proc.pid  # start_new_session: the supervisor leads its own group
     pid_stream = trio.lowlevel.FdStream(pid_read)
     command_pid = bytearray()
@@ -228,23 +264,7 @@ async def run_command(
             nursery.start_soon(_read_scoped)
             nursery.start_soon(_read_pid)
             with trio.move_on_after(timeout_s) as deadline:
-                if stop is None:
-                    await proc.wait()
-                else:
-                    async with trio.open_nursery() as waiters:
-
-                        async def _wait_stop() -> None:
-                            nonlocal stopped_by_caller
-                            await stop.wait()
-                            stopped_by_caller = True
-                            waiters.cancel_scope.cancel()
-
-                        async def _wait_exit() -> None:
-                            await proc.wait()
-                            waiters.cancel_scope.cancel()
-
-                        waiters.start_soon(_wait_stop)
-                        waiters.start_soon(_wait_exit)
+                stopped_by_caller = await _wait_exit_or_stop(proc, stop)
             timed_out = deadline.cancelled_caught
             await _stop_supervisor()
             # Everything below the supervisor is dead now; the pipe reaches EOF once it is gone.

@@ -10,7 +10,7 @@ from rollouts.gepa.adapter import Candidate, EvaluationBatch, GEPAAdapter, Refle
 from rollouts.gepa.config import GEPAConfig
 from rollouts.gepa.engine import GEPAEngine
 from rollouts.gepa.events import GEPACallback, GEPAEvent, ProgressPrinter
-from rollouts.gepa.frontier import ParetoFront, front_frequencies, remove_dominated
+from rollouts.gepa.frontier import Front, FrontType, ParetoFront, front_frequencies, objective_fronts, remove_dominated
 from rollouts.gepa.optimize import optimize, optimize_sync
 from rollouts.gepa.reflection import (
     DEFAULT_REFLECTION_PROMPT,
@@ -49,6 +49,8 @@ __all__ = [
     "EpsilonGreedyCandidateSelector",
     "EvaluationBatch",
     "FileStopper",
+    "Front",
+    "FrontType",
     "GEPAAdapter",
     "GEPACallback",
     "GEPAConfig",
@@ -72,6 +74,7 @@ __all__ = [
     "build_reflection_prompt",
     "extract_new_text",
     "front_frequencies",
+    "objective_fronts",
     "optimize",
     "optimize_sync",
     "remove_dominated",

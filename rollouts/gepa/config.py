@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollouts.errors import ConfigurationError
+from rollouts.gepa.frontier import FRONT_TYPES
 from rollouts.gepa.reflection import DEFAULT_REFLECTION_PROMPT, check_prompt_template
 from rollouts.gepa.selectors import Acceptance, CandidateSelector, ComponentSelector, strict_improvement
 from rollouts.gepa.stoppers import Stopper
@@ -46,6 +47,21 @@ class GEPAConfig:
         evaluation cache (kept in run_dir/evaluations.jsonl) at no metric call (see
         rollouts.gepa.cache). False evaluates every time (with a model that is not deterministic,
         each repeat is a new sample).
+    val_evaluation_policy: how an accepted child is scored on the validation set. "full"
+        (default): on every row. "incremental": first on `val_first_stage` rows (a fixed seeded
+        sample, the same for every candidate); on the rest only when it can still join the front
+        (it beats the front's best on one of those rows, or its mean there is at least the best
+        candidate's). A child stopped after the first stage stays in the pool with those scores
+        (`complete=False`, `screened_out=True`): on no row's front, the Pareto selection never
+        picks it as a parent, and it is never the best.
+        Budget accounting is exact either way.
+    val_first_stage: the incremental policy's first-stage size (default: a quarter of the
+        validation set, at least 1).
+    frontier_type: the fronts parents are sampled from (and the result's `pareto_front`):
+        "instance" (default: per validation instance), "objective" (per objective: the best mean
+        of each metric the score function returns), "hybrid" (both), "cartesian" (per instance
+        and objective). All but "instance" need per-objective scores (RolloutsAdapter reports
+        each Metric of the Score; another adapter returns `objective_scores`).
     max_idle_iterations: stop (reason "no_new_evaluations") after this many iterations in a row
         that made no metric call: every evaluation was answered by the cache, so repeating them
         cannot teach anything new (without this, a run whose candidates are perfect on every
@@ -71,6 +87,9 @@ class GEPAConfig:
     timeout_s: float | None = None
     cache_evaluations: bool = True
     max_idle_iterations: int = 20
+    val_evaluation_policy: str = "full"
+    frontier_type: str = "instance"
+    val_first_stage: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_metric_calls is not None and self.max_metric_calls < 0:
@@ -83,6 +102,16 @@ class GEPAConfig:
             raise ConfigurationError("merge_subsample_size must be >= 1 and max_merge_invocations >= 0")
         if self.max_reflection_failures < 1:
             raise ConfigurationError(f"max_reflection_failures must be >= 1, got {self.max_reflection_failures}")
+        if self.val_evaluation_policy not in ("full", "incremental"):
+            raise ConfigurationError(
+                f"unknown val_evaluation_policy {self.val_evaluation_policy!r}; use 'full' or 'incremental'"
+            )
+        if self.frontier_type not in FRONT_TYPES:
+            raise ConfigurationError(
+                f"unknown frontier_type {self.frontier_type!r}; use one of {', '.join(FRONT_TYPES)}"
+            )
+        if self.val_first_stage is not None and self.val_first_stage < 1:
+            raise ConfigurationError(f"val_first_stage must be >= 1, got {self.val_first_stage}")
         if self.max_idle_iterations < 1:
             raise ConfigurationError(f"max_idle_iterations must be >= 1, got {self.max_idle_iterations}")
         if self.timeout_s is not None and self.timeout_s <= 0:
@@ -106,6 +135,12 @@ class GEPAConfig:
             "seed": self.seed,
             # (only when off: a run directory made before the cache existed resumes with it on)
             **({} if self.cache_evaluations else {"cache_evaluations": False}),
+            **({} if self.frontier_type == "instance" else {"frontier_type": self.frontier_type}),
+            **(
+                {}
+                if self.val_evaluation_policy == "full"
+                else {"val_evaluation_policy": self.val_evaluation_policy, "val_first_stage": self.val_first_stage}
+            ),
         }
 
 

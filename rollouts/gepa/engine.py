@@ -118,6 +118,7 @@ class GEPAEngine:
         self.candidate_selector = candidate_selector(config.candidate_selection)
         self.component_selector = component_selector(config.component_selection)
         self.sampler = EpochShuffledBatchSampler(config.reflection_minibatch_size)
+        self._first_stage = first_stage(len(valset), config)
         self.fingerprint = {**config.fingerprint(), **(data_fingerprint or {}), "seed_candidate": self.seed_candidate}
         self.journal = ReflectionJournal(self.run_dir / REFLECTIONS_FILE if self.run_dir else None)
         self.cache = EvaluationCache(
@@ -243,6 +244,7 @@ class GEPAEngine:
                 "(max_metric_calls, --budget); its result so far is in result.json"
             )
         self.state = saved
+        self.state.front_type = self.config.frontier_type
         self.cache.set_horizon(saved.cache_records)
 
     def _release_lock(self) -> None:
@@ -258,6 +260,7 @@ class GEPAEngine:
             budget=Budget(self.config.max_metric_calls),
         )
         self.state.fingerprint = dict(self.fingerprint)
+        self.state.front_type = self.config.frontier_type
 
     def _checkpoint(self) -> None:
         """Save the state as it is now, in the background: the run goes on while the file is
@@ -289,16 +292,17 @@ class GEPAEngine:
         known: Mapping[int, float],
         known_obj: Mapping[int, Any],
         meanwhile: Callable[[], trio.Event | None] | None = None,
+        only: Sequence[int] | None = None,
     ) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
         """Scores on the validation instances not in `known`, cut to the budget left (instances
         the cache answers cost nothing and are never cut). The calls are reserved first; then
         `meanwhile()` may start work that runs alongside (and return an event to wait for before
-        this evaluation starts)."""
+        this evaluation starts). `only`: these validation instances, not all of them."""
         s = self.state
         left = s.budget.cut(len(self.valset))
         todo: list[int] = []
         costing = 0
-        for k in range(len(self.valset)):
+        for k in range(len(self.valset)) if only is None else sorted(only):
             if k in known:
                 continue
             if self.cache.would_cost(candidate, self.valset[k], eval_id=eval_id, iteration=iteration):
@@ -345,6 +349,12 @@ class GEPAEngine:
             val_objectives=objectives,
             valset_size=len(self.valset),
         )
+        if self.config.frontier_type != "instance" and scores and not any(objectives.values()):
+            raise ConfigurationError(
+                f"frontier_type {self.config.frontier_type!r} needs per-objective scores, but the adapter "
+                f"returned none for the seed: use frontier_type 'instance', or return objective_scores "
+                "(RolloutsAdapter reports each Metric of the score function's Score)"
+            )
         self.state.add_candidate(record)
         await self._emit("seed_evaluated", iteration=0, score=record.val_score, complete=record.complete)
         note = await self._resolve(speculation, 0)
@@ -584,7 +594,19 @@ class GEPAEngine:
             return speculation[1].parent_done if speculation is not None else None
 
         eval_id = f"it{spec.iteration:04d}-val-c{new_idx}"
-        scores, objectives = await self._evaluate_val(child, eval_id, spec.iteration, known, known_obj, meanwhile)
+        stopped, skip_rest = "", False
+        if cfg.val_evaluation_policy == "incremental" and spec.kind == "mutation":
+            # First the first-stage rows; the rest only when the child can still join the front.
+            known, known_obj = await self._evaluate_val(
+                child, f"{eval_id}-first", spec.iteration, known, known_obj, only=self._first_stage
+            )
+            skip_rest = len(known) < len(self._first_stage)  # (the budget ran out)
+            if not skip_rest and not self._can_join(known):  # (and no speculation on it)
+                stopped, skip_rest = f" (scored on {len(known)}/{len(self.valset)}: it cannot join the front)", True
+        if skip_rest:
+            scores, objectives = known, known_obj
+        else:
+            scores, objectives = await self._evaluate_val(child, eval_id, spec.iteration, known, known_obj, meanwhile)
         base = s.candidates[parents[0]].components
         previous_best = s.best_score
         s.add_candidate(
@@ -598,6 +620,7 @@ class GEPAEngine:
                 val_scores=scores,
                 val_objectives=objectives,
                 valset_size=len(self.valset),
+                screened_out=bool(stopped),
             )
         )
         record = s.candidates[new_idx]
@@ -606,9 +629,22 @@ class GEPAEngine:
             await self._emit(
                 "new_best", f"#{new_idx} {record.val_score:.3f}", iteration=spec.iteration, candidate=new_idx
             )
-        cut = "" if record.complete else f" (on {len(scores)}/{len(self.valset)}: the budget ran out)"
+        cut = stopped or ("" if record.complete else f" (on {len(scores)}/{len(self.valset)}: the budget ran out)")
         note = await self._resolve(speculation, new_idx)
         return f"{what} accepted as #{new_idx}, valset {record.val_score:.3f}{cut}{note}"
+
+    def _can_join(self, scores: Mapping[int, float]) -> bool:
+        """Whether a child scored on the first-stage rows can still join the front: it beats the
+        front's best score on one of them (a new record there), or its mean there is at least the
+        best candidate's (it could become the best). A tie alone does not count: everyone ties
+        where nobody scores."""
+        s = self.state
+        best = s.front.best
+        if any(best[k] is None or x > best[k] for k, x in scores.items()):  # type: ignore[operator]
+            return True
+        leader = s.candidates[s.best_idx].val_scores
+        mine = [x for k, x in scores.items() if k in leader]
+        return bool(mine) and sum(mine) >= sum(leader[k] for k in scores if k in leader)
 
     # ---- the run ------------------------------------------------------------------------------
 
@@ -693,6 +729,15 @@ def _clear_stale(stopper: Any) -> str | None:
     """A stopper's `clear_stale()` (FileStopper: remove a stop file an earlier run left), if any."""
     clear = getattr(stopper, "clear_stale", None)
     return clear() if callable(clear) else None
+
+
+def first_stage(n_val: int, config: GEPAConfig) -> tuple[int, ...]:
+    """The validation rows the incremental policy scores a new candidate on first: a fixed
+    seeded sample (the same for every candidate of the run), in index order."""
+    if config.val_evaluation_policy != "incremental" or n_val == 0:
+        return ()
+    k = config.val_first_stage if config.val_first_stage is not None else max(1, -(-n_val // 4))
+    return tuple(sorted(random.Random(f"first-stage-{config.seed}").sample(range(n_val), min(k, n_val))))
 
 
 def _scoring_fingerprint(adapter: Any, data_fingerprint: Mapping[str, Any]) -> str:

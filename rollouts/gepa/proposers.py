@@ -129,7 +129,7 @@ def plan_merge(
     """Two non-dominated candidates, a common ancestor no better than either, and their merge;
     None when no such pair turns up in `max_attempts` draws."""
     scores = state.scores()
-    fronts = remove_dominated(state.front.fronts(), scores)
+    fronts = remove_dominated(state.fronts(), scores)
     pool = [c for c in front_frequencies(fronts) if state.candidates[c].complete]
     if len(pool) < 2:
         return None

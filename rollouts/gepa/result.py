@@ -42,7 +42,8 @@ class CandidateRecord:
     changed: the components that differ from its (first) parent. val_scores: validation index
     -> score; it covers every validation instance unless the budget ran out mid-evaluation
     (then `complete` is False). val_objectives: per-instance objective scores, when the
-    adapter reports them."""
+    adapter reports them. screened_out: scored only on the incremental validation policy's
+    first stage, where it could not join the front: kept for the record, on no front."""
 
     idx: int
     components: Mapping[str, str]
@@ -53,6 +54,7 @@ class CandidateRecord:
     val_scores: Mapping[int, float] = field(default_factory=dict)
     val_objectives: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
     valset_size: int = 0
+    screened_out: bool = False
 
     @property
     def val_score(self) -> float:
@@ -76,6 +78,7 @@ class CandidateRecord:
             "val_scores": {str(k): v for k, v in sorted(self.val_scores.items())},
             "val_objectives": {str(k): dict(v) for k, v in sorted(self.val_objectives.items())},
             "valset_size": self.valset_size,
+            "screened_out": self.screened_out,
         }
 
     @classmethod
@@ -90,6 +93,7 @@ class CandidateRecord:
             val_scores=_int_keys(d.get("val_scores", {})),
             val_objectives={k: dict(v) for k, v in _int_keys(d.get("val_objectives", {})).items()},
             valset_size=d.get("valset_size", 0),
+            screened_out=d.get("screened_out", False),
         )
 
 
@@ -164,7 +168,7 @@ def best_index(candidates: Sequence[CandidateRecord]) -> int:
     """The candidate with the highest mean validation score among those evaluated on the whole
     validation set (ties: the older one); among all of them when none is complete."""
     assert candidates, "no candidates"
-    pool = [c for c in candidates if c.complete] or list(candidates)
+    pool = [c for c in candidates if c.complete] or [c for c in candidates if not c.screened_out] or list(candidates)
     return max(pool, key=lambda c: (c.val_score, -c.idx)).idx
 
 
@@ -176,7 +180,9 @@ class GEPAResult:
     instance used, never more than `max_metric_calls`. stop_reason: why the run ended
     ("budget", "max_iterations", "score_threshold", "no_improvement", "stop_file", "timeout",
     "cancelled", "reflection_failed", "no_new_evaluations", ...). pareto_front: per validation instance, the
-    candidates with the best score on it. history: one record per iteration.
+    candidates with the best score on it; with another `front_type` ("objective", "hybrid",
+    "cartesian"), per front named in `front_keys` (e.g. "objective:correct", "instance:3",
+    "cartesian:3:correct"), the candidates that reach its best value. history: one record per iteration.
     speculation_calls: the part of `metric_calls` spent on iterations started early on a new
     candidate and then dropped because the selection chose another parent.
     calls_saved_by_cache: evaluations of one instance answered by the evaluation cache (a
@@ -195,6 +201,8 @@ class GEPAResult:
     run_dir: str | None = None
     speculation_calls: int = 0
     calls_saved_by_cache: int = 0
+    front_type: str = "instance"
+    front_keys: tuple[str, ...] = ()
 
     @property
     def best(self) -> CandidateRecord:
@@ -294,6 +302,8 @@ class GEPAResult:
             "run_dir": self.run_dir,
             "speculation_calls": self.speculation_calls,
             "calls_saved_by_cache": self.calls_saved_by_cache,
+            "front_type": self.front_type,
+            "front_keys": list(self.front_keys),
             "candidates": [c.to_dict() for c in self.candidates],
             "pareto_front": [list(f) for f in self.pareto_front],
             "history": [h.to_dict() for h in self.history],
@@ -315,6 +325,8 @@ class GEPAResult:
             run_dir=d.get("run_dir"),
             speculation_calls=d.get("speculation_calls", 0),
             calls_saved_by_cache=d.get("calls_saved_by_cache", 0),
+            front_type=d.get("front_type", "instance"),
+            front_keys=tuple(d.get("front_keys", ())),
         )
 
     def to_json(self, indent: int | None = None) -> str:

@@ -55,11 +55,12 @@ class CandidateSelector(Protocol):
 
 
 class ParetoCandidateSelector:
-    """Sample a parent from the Pareto front: drop dominated candidates, then pick one with
-    probability proportional to the number of validation instances it is best on."""
+    """Sample a parent from the Pareto fronts (GEPAConfig.frontier_type: per validation instance
+    by default): drop dominated candidates, then pick one with probability proportional to the
+    number of fronts it is on."""
 
     def select(self, state: GEPAState, rng: random.Random) -> int:
-        fronts = remove_dominated(state.front.fronts(), state.scores())
+        fronts = remove_dominated(state.fronts(), state.scores())
         freq = front_frequencies(fronts)
         if not freq:
             return state.best_idx

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollouts.gepa.budget import Budget
-from rollouts.gepa.frontier import ParetoFront
+from rollouts.gepa.frontier import ParetoFront, objective_fronts
 from rollouts.gepa.result import CandidateRecord, GEPAResult, IterationRecord, best_index
 
 __all__ = ["Carry", "GEPAState", "ProposalSpec"]
@@ -125,12 +125,14 @@ class GEPAState:
     calls_saved: int = 0  # evaluations the cache answered (committed work only, like `budget.spent`)
     cache_records: int = 0  # the evaluation cache's records covered by this state (set when saved)
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    front_type: str = "instance"  # (from GEPAConfig.frontier_type; not saved: the fingerprint holds it)
     front: ParetoFront = field(init=False)
 
     def __post_init__(self) -> None:
         self.front = ParetoFront(self.valset_size)
         for c in self.candidates:
-            self.front.add(c.idx, c.val_scores)
+            if not c.screened_out:
+                self.front.add(c.idx, c.val_scores)
 
     # ---- queries ----------------------------------------------------------------------------
 
@@ -151,6 +153,13 @@ class GEPAState:
     @property
     def best_score(self) -> float:
         return self.candidates[self.best_idx].val_score if self.candidates else 0.0
+
+    def fronts(self) -> list[frozenset[int]]:
+        """The candidate sets of the fronts of `front_type` (what the Pareto selection and
+        merge planning sample from)."""
+        if self.front_type == "instance":
+            return self.front.fronts()
+        return [f.members for f in objective_fronts(self.candidates, self.front_type)]
 
     def scores(self) -> dict[int, float]:
         """Candidate index -> mean validation score."""
@@ -179,7 +188,8 @@ class GEPAState:
     def add_candidate(self, record: CandidateRecord) -> None:
         assert record.idx == len(self.candidates), "candidates are added in index order"
         self.candidates.append(record)
-        self.front.add(record.idx, record.val_scores)
+        if not record.screened_out:
+            self.front.add(record.idx, record.val_scores)
         if len(self.component_cursor) == record.idx:  # (a speculative plan may have set it already)
             self.component_cursor.append(self.initial_cursor(record.parents))
 
@@ -190,6 +200,13 @@ class GEPAState:
     # ---- result and persistence ---------------------------------------------------------------
 
     def to_result(self, stop_reason: str, max_metric_calls: int | None, run_dir: str | None = None) -> GEPAResult:
+        if self.front_type == "instance":
+            keys: tuple[str, ...] = ()
+            front = tuple(tuple(f) for f in self.front.to_lists())
+        else:
+            fronts = objective_fronts(self.candidates, self.front_type)
+            keys = tuple(f.key for f in fronts)
+            front = tuple(tuple(sorted(f.members)) for f in fronts)
         return GEPAResult(
             candidates=tuple(self.candidates),
             best_idx=self.best_idx,
@@ -198,7 +215,9 @@ class GEPAState:
             iterations=len(self.history),
             stop_reason=stop_reason,
             valset_size=self.valset_size,
-            pareto_front=tuple(tuple(f) for f in self.front.to_lists()),
+            pareto_front=front,
+            front_type=self.front_type,
+            front_keys=keys,
             history=tuple(self.history),
             seed=self.seed,
             run_dir=run_dir,

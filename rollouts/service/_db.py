@@ -18,7 +18,7 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -118,6 +118,11 @@ def _storable(value: Any, postgres: bool) -> Any:
     return value
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def parse_db_url(url: str) -> tuple[Dialect, str]:
     """(dialect, target): a PostgreSQL conninfo URL, or a SQLite file path.
 
@@ -132,6 +137,24 @@ def parse_db_url(url: str) -> tuple[Dialect, str]:
     if "://" in url:
         raise ValueError("--db must be postgresql://USER@HOST:PORT/NAME, sqlite:///PATH or a file path")
     return Dialect("sqlite"), url
+
+
+class DatabaseUnavailable(Exception):
+    """The database cannot be reached now (PostgreSQL restarting, the network down): the
+    connection broke or none could be made. Nothing was committed unless the break came during
+    the COMMIT itself. Retrying later is the answer (Store.call does, with a bounded backoff)."""
+
+
+def _is_unavailable(e: BaseException, conn: Any) -> bool:
+    """Whether `e` (raised using `conn`, None when connecting) means the server is out of reach
+    rather than that the statement was wrong."""
+    try:
+        import psycopg
+    except ImportError:  # (SQLite only)
+        return False
+    if not isinstance(e, psycopg.OperationalError | psycopg.InterfaceError):
+        return False
+    return conn is None or bool(getattr(conn, "broken", False)) or bool(getattr(conn, "closed", False))
 
 
 class Database:
@@ -172,15 +195,35 @@ class Database:
         try:
             conn = self._idle.get_nowait()
         except queue.Empty:
-            conn = self.connect()
+            try:
+                conn = self.connect()
+            except Exception as e:
+                if _is_unavailable(e, None):
+                    raise DatabaseUnavailable(_first_line(e)) from None
+                raise
         ok = False
         try:
             yield conn
             ok = True
+        except Exception as e:
+            if _is_unavailable(e, conn):
+                self._drop_idle()  # (a restarted server broke them all: connect afresh)
+                raise DatabaseUnavailable(_first_line(e)) from None
+            raise
         finally:
             if ok and not self._closed and self._idle.qsize() < self._max_idle:
                 self._idle.put(conn)
             else:
+                with suppress(Exception):
+                    conn.close()
+
+    def _drop_idle(self) -> None:
+        while True:
+            try:
+                conn = self._idle.get_nowait()
+            except queue.Empty:
+                return
+            with suppress(Exception):
                 conn.close()
 
     def run(self, fn: Callable[[Tx], T], write: bool = True) -> T:

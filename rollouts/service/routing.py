@@ -28,7 +28,7 @@ from rollouts.service.policy import ServicePolicy
 from rollouts.service.progress import BatchChanges
 from rollouts.service.ratelimit import AuthFailures
 from rollouts.service.requests import ApiError
-from rollouts.service.store import Store
+from rollouts.service.store import DatabaseUnavailable, Store, fail_fast
 
 if TYPE_CHECKING:
     from rollouts.service.gepa_jobs import GEPAJobs
@@ -151,8 +151,15 @@ def route(ctx: ApiContext, handler: Handler, public: bool = False) -> Callable[[
                         status_code=429,
                         headers={"retry-after": str(max(1, math.ceil(wait)))},
                     )
-            ws = "" if public else await workspace_of(ctx, request)
-            return await handler(ctx, request, ws)
+            with fail_fast():  # (the database unreachable: 503 now, not a hung request)
+                ws = "" if public else await workspace_of(ctx, request)
+                return await handler(ctx, request, ws)
+        except DatabaseUnavailable:
+            return JSONResponse(
+                {"error": {"code": "unavailable", "message": "the database is unreachable; retry shortly"}},
+                status_code=503,
+                headers={"retry-after": "2"},
+            )
         except ApiError as e:
             if e.status == 401:
                 ctx.auth_failures.failed(address)

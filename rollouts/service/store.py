@@ -11,17 +11,45 @@ CapacityLimiter as large as the connection pool. The SQL lives in `accounts`, `q
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from contextvars import ContextVar
 from typing import Concatenate, ParamSpec, TypeVar
 
 import trio
 
-from rollouts.service._db import Database, Tx, default_db_url
+from rollouts.service._db import Database, DatabaseUnavailable, Tx, default_db_url
 from rollouts.service.schema import migrate
 
-__all__ = ["Store", "default_db_url"]
+__all__ = ["DatabaseUnavailable", "Store", "default_db_url", "fail_fast"]
+
+_log = logging.getLogger("rollouts.service.store")
+_MAX_PAUSE_S = 5.0
+_FAIL_FAST: ContextVar[bool] = ContextVar("rollouts_service_fail_fast", default=False)
+
+
+@contextmanager
+def fail_fast() -> Iterator[None]:
+    """Within it (in this trio task and those it starts), a store call raises
+    DatabaseUnavailable at once instead of waiting for the database: an API request answers
+    503 rather than hang."""
+    token = _FAIL_FAST.set(True)
+    try:
+        yield
+    finally:
+        _FAIL_FAST.reset(token)
+
+
+def _unreachable(e: BaseException) -> bool:
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    return isinstance(e, psycopg.OperationalError | psycopg.InterfaceError)
+
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -64,18 +92,29 @@ class Store:
         return tuple(out)
 
     async def call(self, fn: Callable[Concatenate[Tx, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """`fn(tx, *args, **kwargs)` in one write transaction, in a worker thread."""
-        if self._limiter is None:
-            self._limiter = trio.CapacityLimiter(self._max)
-        return await trio.to_thread.run_sync(self.db.run, lambda tx: fn(tx, *args, **kwargs), limiter=self._limiter)
+        """`fn(tx, *args, **kwargs)` in one write transaction, in a worker thread. While the
+        database is unreachable, retried after a pause that doubles from 50 ms to 5 s (for as
+        long as it takes; inside `fail_fast()`, DatabaseUnavailable is raised at once)."""
+        return await self._run(lambda tx: fn(tx, *args, **kwargs), True)
 
     async def read(self, fn: Callable[Concatenate[Tx, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Like `call`, in a read transaction (no write lock on SQLite)."""
+        return await self._run(lambda tx: fn(tx, *args, **kwargs), False)
+
+    async def _run(self, fn: Callable[[Tx], T], write: bool) -> T:
         if self._limiter is None:
             self._limiter = trio.CapacityLimiter(self._max)
-        return await trio.to_thread.run_sync(
-            lambda: self.db.run(lambda tx: fn(tx, *args, **kwargs), write=False), limiter=self._limiter
-        )
+        pause = 0.05
+        while True:
+            try:
+                return await trio.to_thread.run_sync(self.db.run, fn, write, limiter=self._limiter)
+            except DatabaseUnavailable as e:
+                if _FAIL_FAST.get():
+                    raise
+                if pause == 0.05:
+                    _log.warning("the database is unreachable (%s): retrying until it is back", e)
+                await trio.sleep(pause)
+                pause = min(pause * 2, _MAX_PAUSE_S)
 
     async def listen(
         self,
@@ -90,13 +129,20 @@ class Store:
         assert self.is_postgres, "LISTEN/NOTIFY is PostgreSQL's"
         token = trio.lowlevel.current_trio_token()
         stop = threading.Event()
+        started = False
 
         def listen() -> None:
+            nonlocal started
             conn = self.db.connect()
             try:
                 for channel in channels:
                     conn.execute(f"LISTEN {channel}")
-                trio.from_thread.run_sync(task_status.started, trio_token=token)
+                if not started:
+                    trio.from_thread.run_sync(task_status.started, trio_token=token)
+                    started = True
+                else:  # (reconnected: what was notified meanwhile is lost; look now)
+                    for channel in channels:
+                        trio.from_thread.run_sync(on_note, channel, "", trio_token=token)
                 while not stop.is_set():
                     for note in conn.notifies(timeout=0.5, stop_after=1):
                         try:
@@ -104,10 +150,21 @@ class Store:
                         except trio.RunFinishedError:
                             return
             finally:
-                conn.close()
+                with suppress(Exception):
+                    conn.close()
 
+        pause = 0.05
         try:
-            await trio.to_thread.run_sync(listen, abandon_on_cancel=True)
+            while True:
+                try:
+                    await trio.to_thread.run_sync(listen, abandon_on_cancel=True)
+                    return
+                except Exception as e:  # (the connection broke, or none could be made: listen again)
+                    if not _unreachable(e):
+                        raise
+                    _log.warning("LISTEN lost its connection (%s): listening again", str(e).strip()[:200])
+                    await trio.sleep(pause)
+                    pause = min(pause * 2, _MAX_PAUSE_S)
         finally:
             stop.set()  # the abandoned thread ends within its 0.5 s wait
 

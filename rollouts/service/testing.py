@@ -90,9 +90,18 @@ class TemporaryPostgres:
         self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, self.database)
         return self
 
-    def stop(self) -> None:
+    def restart_stopped(self) -> None:
+        """Start the cluster again after `stop()`, on the same port (clients reconnect to it)."""
+        opts = (
+            f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.root} "
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        )
+        self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l", str(self.root / "server.log"), "-w", "start")
+
+    def stop(self, mode: str = "immediate") -> None:
+        """Stop the server (`mode` "fast": a clean shutdown, as a restart by an operator)."""
         if self.port and (self.data / "postmaster.pid").exists():
-            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+            self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
 
     def __enter__(self) -> TemporaryPostgres:
         return self.start()

@@ -106,6 +106,7 @@ class Worker:
         self._batch_full = trio.Event()
         self._running: dict[tuple[str, str], trio.CancelScope] = {}
         self._unsettled: list[tuple[str, str]] = []
+        self._strays: set[tuple[str, str]] = set()  # leased to this worker, not running (see _put_back_strays)
         self._idle = trio.Event()
         self._idle.set()
         self._wake = trio.Event()
@@ -261,6 +262,20 @@ class Worker:
                 if scope is not None:
                     _log.info("task %s/%s is no longer ours (cancelled, deadline or lease lost): stopping it", *key)
                     scope.cancel()
+            await self._put_back_strays(held)
+
+    async def _put_back_strays(self, held: set[tuple[str, str]]) -> None:
+        """Tasks leased to this worker that it is not running at two heartbeats in a row (a
+        claim that committed while its answer was lost to a database outage) go back to the
+        queue; renewed, they would never run. (Two in a row: a claim that commits during a
+        heartbeat is running by the next.)"""
+        known = set(self._running) | set(self._unsettled) | {(t.batch_id, t.task_id) for t, _ in self._outcomes}
+        strays = held - known
+        again = strays & self._strays
+        self._strays = strays - again
+        if again:
+            _log.warning("%d tasks leased to this worker were not running on it: putting them back", len(again))
+            await self.store.call(queue.release, self.worker_id, sorted(again))
 
     async def _sweep_loop(self) -> None:
         while True:

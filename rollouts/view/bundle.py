@@ -3,7 +3,7 @@ no server, no script): `rollouts view --bundle DIR [PATHS...]`.
 
     DIR/index.html  sessions.html  sessions/<id>.html  sessions/<id>.diff.html
         evals.html  evals/<run>.html  evals/<run>/<sample hash>.html
-        gepa.html   gepa/<run>.html  gepa/<run>/c<idx>.html  static/style.css
+        gepa.html   gepa/<run>.html  gepa/<run>/c<idx>.html  static/style.css  static/favicon.svg
 
 Lists hold their first page (filters and later pages need the server); each session listed,
 each sample on a run's first page and every GEPA candidate get their own page.
@@ -68,10 +68,9 @@ async def write_bundle(catalog: Catalog, out: Path, *, max_sessions: int = 200) 
         await page(f"gepa/{g.run_id}.html", pages.gepa_run_page, g.run_id)
         for idx in range(g.n_candidates):
             await page(f"gepa/{g.run_id}/c{idx}.html", pages.candidate_page, g.run_id, idx)
-    await trio.to_thread.run_sync(
-        _write, out / "static" / "style.css", (STATIC / "style.css").read_text(encoding="utf-8")
-    )
-    written.append(out / "static" / "style.css")
+    for name in ("style.css", "favicon.svg"):
+        await trio.to_thread.run_sync(_write, out / "static" / name, (STATIC / name).read_text(encoding="utf-8"))
+        written.append(out / "static" / name)
     return written
 
 
