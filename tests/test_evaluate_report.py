@@ -4,6 +4,7 @@ written), so callers that never read them (GEPA's many small evaluations) do not
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,8 @@ async def test_summary_is_computed_once_and_only_when_read(summarize_calls: list
     report = await evaluate([{"q": i} for i in range(3)], _config())
     assert summarize_calls == []
     assert report.summary["counts"]["completed"] == 3 and report.summary["reward"]["mean"] == 1.0
-    assert report.config["eval_name"] == "eval" and report.config["max_concurrent"] == 8
+    assert re.fullmatch(r"eval-scripted-\d+-\d{8}-\d{6}", report.config["eval_name"])  # task, model, time
+    assert report.config["max_concurrent"] == 8
     assert report.summary is report.summary and len(summarize_calls) == 1
     assert json.loads(json.dumps(report.to_dict()))["summary"] == report.summary
 
@@ -55,7 +57,8 @@ async def test_report_json_still_gets_both(tmp_path: Path, summarize_calls: list
     # (no summarize() over a list at the end) and the samples are read back when first used.
     assert summarize_calls == []
     data = json.loads((tmp_path / "report.json").read_text())
-    assert data["summary"]["counts"]["completed"] == 3 and data["config"]["eval_name"] == "eval"
+    assert data["summary"]["counts"]["completed"] == 3
+    assert data["config"]["eval_name"] == data["eval_name"] and data["eval_name"].startswith(f"{tmp_path.name}-")
     assert report.summary == data["summary"] and summarize_calls == []
     assert [s.id for s in report.samples] == ["0", "1", "2"] and report.summary == summarize(report.samples)
 

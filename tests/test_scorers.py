@@ -64,7 +64,10 @@ async def _value(fn: Any, sample: Sample) -> tuple[float, str]:
 async def test_exact_match_normalizes_and_explains() -> None:
     fn = exact_match(extract=extract_tag("answer"))
     assert await _value(fn, _sample("<answer>  Paris </answer>", answer="paris")) == (1.0, "correct: 'Paris'")
-    assert await _value(fn, _sample("<answer>Lyon</answer>", answer="Paris")) == (0.0, "expected 'Paris', got 'Lyon'")
+    assert await _value(fn, _sample("<answer>Lyon</answer>", answer="Paris")) == (
+        0.0,
+        "expected 'Paris', got 'Lyon' (inside <answer>...</answer> tags)",
+    )
     value, feedback = await _value(fn, _sample("Paris", answer="Paris"))
     assert value == 0.0 and "no answer found" in feedback
     assert (await _value(exact_match(case_sensitive=True), _sample("paris", answer="Paris")))[0] == 0.0

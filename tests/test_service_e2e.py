@@ -849,7 +849,8 @@ async def test_gepa_job_cancel(db_url: str) -> None:
             reflection_model=endpoint(svc.srv.base_url),
         )  # fmt: skip
         await svc.provider.reflection_arrived.wait()
-        await svc.client.cancel_gepa(job["job_id"])
+        cancelled = await svc.client.cancel_gepa(job["job_id"])
+        assert cancelled["status"] == "cancelled"  # (issue 33 item 15: it answered "running")
         done = await svc.client.wait_gepa(job["job_id"])
         assert done["status"] == "cancelled" and done["created_version"] is None
         assert [v["version"] for v in await svc.client.list_versions(agent_id)] == [1]

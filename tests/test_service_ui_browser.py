@@ -97,7 +97,7 @@ async def test_sign_in_watch_a_batch_start_a_gepa_job_and_promote(site: tuple[st
 
         # its samples, and the one whose answer holds a <script>: shown, not run
         page.click("text=Samples (score, status, turns, tokens, cost, time)")
-        page.click(f"a[href='/ui/evals/{b}/samples/t0']")
+        page.click(f"a[href^='/ui/evals/{b}/samples/t0?']")
         assert "<script>alert('pwned')</script>" in page.inner_text("main")
         page.screenshot(path=shots / "sample.png", full_page=True)
 
@@ -156,12 +156,13 @@ async def test_the_compare_form_stays_under_ui(site: tuple[str, Store, UiData, P
         page.click("button[type=submit]")
         page.wait_for_url("**/ui/batches")
         page.goto(url + "/ui/evals")
-        page.select_option("#compare-form select[name=a]", d.batch)
-        page.select_option("#compare-form select[name=b]", d.batch2)
+        page.check(f"#compare-form input[value='{d.batch}']")
+        page.check(f"#compare-form input[value='{d.batch2}']")
         with page.expect_navigation():
             page.click("#compare-form button[type=submit]")
         assert "/ui/compare?" in page.url, page.url
         assert page.inner_text("h1") == "Compare runs"
         assert "6 samples in both" in page.inner_text("main").replace("\n", " ")
+        assert page.locator("#compared-runs tbody tr").count() == 2
 
     await trio.to_thread.run_sync(_in_browser(drive))

@@ -412,3 +412,53 @@ async def test_the_app_mounts_inside_a_host_with_its_own_pages(tmp_path: Path, n
         r = await client.get("/ui/batches")
         assert r.status_code == 200 and "<b>&lt;running&gt;</b>" in r.text and "<h1>Batches</h1>" in r.text
         assert (await client.get("/ui/static/live.js")).status_code == 200
+
+
+async def test_runs_list_filters_and_sorts_and_compares_n_runs_on_every_metric(view: View) -> None:
+    a, b = view.run(view.data.eval_a), view.run(view.data.eval_b)
+    page = await _ok(view, "/evals")
+    assert len(_rows(page, "runs")) == 3
+    one = await _ok(view, "/evals?q=BASELINE")
+    assert len(_rows(one, "runs")) == 1 and "arith-baseline" in one
+    assert "no eval run matches" in await _ok(view, "/evals?q=nothing-like-it")
+    names = [
+        re.search(r'<a href="[^"]*">([^<]+)</a>', r).group(1)
+        for r in _rows(await _ok(view, "/evals?sort=name&order=asc"), "runs")
+    ]  # type: ignore[union-attr]
+    assert names == sorted(names)
+    desc = [
+        re.search(r'<a href="[^"]*">([^<]+)</a>', r).group(1)
+        for r in _rows(await _ok(view, "/evals?sort=name&order=desc"), "runs")
+    ]  # type: ignore[union-attr]
+    assert desc == names[::-1]
+    assert (await view.client.get("/evals?sort=nope")).status_code == 400
+    # N runs (here the two, and the baseline against itself is refused as one run)
+    cmp = await _ok(view, f"/compare?run={a}&run={b}")
+    rows = _rows(cmp, "compared-runs")
+    assert len(rows) == 2 and "baseline" in rows[0]
+    assert "<th>correct</th>" in cmp and "<th>length</th>" in cmp  # every metric, not only reward
+    assert (await view.client.get(f"/compare?runs={a},{a}")).status_code == 400
+    assert (await view.client.get(f"/compare?runs={a},nope")).status_code == 404
+    assert (await view.client.get("/compare?runs=" + ",".join(f"r{i}" for i in range(9)))).status_code == 400
+    assert (await view.client.get(f"/compare?runs={a},{b}&vs={a}")).status_code == 400
+    assert len(_rows(await _ok(view, f"/compare?a={a}&b={b}"), "comparison")) > 0  # (the old two-run links)
+
+
+async def test_a_run_with_epochs_shows_its_reducers(tmp_path: Path, nursery: trio.Nursery) -> None:
+    from _view_data import write_eval
+
+    run = tmp_path / "ep"
+    write_eval(run, [make_sample(i, i % 2 == 0) for i in range(4)], "epochs")
+    report = json.loads((run / REPORT_FILE).read_text())
+    report["summary"]["epochs"] = {"epochs": 2, "rows": 2, "complete_rows": 2, "pass_at": [1, 2], "pass_threshold": 1.0,
+                                   "reducers": {"mean": 0.5, "max": 1.0, "majority": 0.5, "pass@1": 0.5, "pass@2": 1.0},
+                                   "rows_per_reducer": {"mean": 2, "max": 2, "majority": 2, "pass@1": 2, "pass@2": 2}}  # fmt: skip
+    write_json_atomic(run / REPORT_FILE, report)
+    catalog = FilesCatalog([run], cache_dir=tmp_path / "cache")
+    await catalog.index_once()
+    url = await nursery.start(serve, create_app(catalog))
+    async with httpx2.AsyncClient(base_url=url, timeout=30) as client:
+        page = (await client.get(f"/evals/{catalog.run_id(run)}")).text
+    rows = _rows(page, "reducers")
+    assert [re.search(r"<td>([^<]+)</td>", r).group(1) for r in rows] == ["mean", "max", "majority", "pass@1", "pass@2"]  # type: ignore[union-attr]
+    assert "<b>2</b> epochs per row" in page

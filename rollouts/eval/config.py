@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -84,7 +85,10 @@ class EvalConfig:
         without output_dir; with one, `report.samples` is read back from samples.jsonl when
         first used, so a 100,000-row run does not hold 100,000 trajectories). False: never
         (the report has its summary; samples go to on_sample_end and samples.jsonl only).
-    eval_name: names the evaluation in the report (resume refuses a different name).
+    eval_name: names the evaluation in the report and the viewer (resume refuses a different
+        name). Default: `<task>-<model>-<UTC time>`, the task being the output_dir's name (else
+        the environment's, else "eval"), e.g. `gsm8k-gpt-4.1-mini-20261127-013000`; resuming
+        an output_dir keeps the name it has.
     show_progress: progress on stderr: a live bar on a terminal, else a line every 30 seconds.
     on_sample_start(sample_id, row) / on_sample_event(sample_id, event) / on_sample_end(sample):
         callbacks, sync or async; an exception in one fails that sample.
@@ -116,7 +120,7 @@ class EvalConfig:
     rescore: bool = False
     overwrite: bool = False
     keep_samples: bool | None = None
-    eval_name: str = "eval"
+    eval_name: str | None = None
     show_progress: bool = True
     on_sample_start: OnSampleStart | None = None
     on_sample_event: OnSampleEvent | None = None
@@ -151,8 +155,8 @@ class EvalConfig:
             raise ConfigurationError("EvalConfig.retry_backoff_s and retry_backoff_max_s must be >= 0")
         if self.rescore and self.overwrite:
             raise ConfigurationError("EvalConfig: give rescore or overwrite, not both")
-        if not self.eval_name:
-            raise ConfigurationError("EvalConfig.eval_name must not be empty")
+        if self.eval_name is not None and not self.eval_name:
+            raise ConfigurationError("EvalConfig.eval_name must not be empty (None: named by task, model and time)")
         if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or not 1 <= self.epochs <= 10_000:
             raise ConfigurationError(f"EvalConfig.epochs must be a whole number from 1 to 10000, got {self.epochs!r}")
         if self.pass_at is not None:
@@ -208,6 +212,24 @@ class EvalConfig:
     def fingerprint(self) -> Fingerprint:
         """The task-level fingerprint (see rollouts.eval.fingerprint); each sample adds its messages."""
         return task_fingerprint(self)
+
+    def named(self, previous: str | None = None) -> EvalConfig:
+        """This config with its `eval_name` set: as given, else `previous` (the name an
+        output_dir's report has), else `<task>-<model>-<UTC time>`."""
+        if self.eval_name is not None:
+            return self
+        if previous:
+            return replace(self, eval_name=previous)
+        factory = self.environment_factory
+        task = (
+            Path(self.output_dir).name
+            if self.output_dir is not None
+            else getattr(factory, "__name__", None)
+            if factory is not None
+            else None
+        ) or "eval"
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        return replace(self, eval_name=f"{task}-{self.endpoint.model}-{stamp}")
 
     @property
     def keeps_samples(self) -> bool:

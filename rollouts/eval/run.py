@@ -66,7 +66,7 @@ from rollouts.eval.epochs import EpochReducer, EpochRow, epoch_reducer, epoch_ro
 from rollouts.eval.executor import Executor, InProcess, Submit, with_limiters
 from rollouts.eval.fingerprint import messages_hash
 from rollouts.eval.ids import SampleIds
-from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, SampleLog, StreamedList, write_json_atomic
+from rollouts.eval.io import REPORT_FILE, SAMPLES_FILE, SampleLog, StreamedList, read_json, write_json_atomic
 from rollouts.eval.progress import ProgressBar
 from rollouts.eval.report import EvalReport, ReportStatus, load_report, read_samples
 from rollouts.eval.resume import Decision, PreviousSamples, check_report, remove_previous
@@ -229,7 +229,7 @@ class _Run:
         if self.epochs is not None:
             summary = with_epochs(summary, samples, self.epochs)
         return EvalReport(
-            eval_name=self.config.eval_name,
+            eval_name=self.config.eval_name or "eval",
             samples=samples,
             summary=summary,
             config=self.config.to_dict,  # computed when first read (or written)
@@ -247,6 +247,17 @@ class _Run:
     def _finished_ids(self, order: SampleIds) -> tuple[str, ...]:
         # A cancelled run: the rows admitted but not finished are left out of the report.
         return tuple(sid for sid in order if sid not in self.in_flight)
+
+
+def _previous_name(config: EvalConfig) -> str | None:
+    """The eval_name of the report in `config.output_dir`, if there is one (resume keeps it)."""
+    if config.eval_name is not None or config.output_dir is None or config.overwrite:
+        return None
+    try:
+        name = read_json(Path(config.output_dir) / REPORT_FILE).get("eval_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) and name else None
 
 
 @dataclass(frozen=True)
@@ -379,6 +390,7 @@ async def evaluate(
     in each worker by its `worker_config`)."""
     started_at, t0 = now_iso(), time.perf_counter()
     executor = executor if executor is not None else InProcess()
+    config = config.named(_previous_name(config))  # (by task, model and time unless given or resumed)
     executor.prepare(config)  # (refuses what cannot run there before any file is written)
     run_cfg = with_limiters(config)
     run_cfg.fingerprint  # noqa: B018 (computed once, before any sample: it reads source files)
@@ -392,7 +404,7 @@ async def evaluate(
     progress = ProgressBar(
         length,
         enabled=None if config.show_progress else False,
-        label=config.eval_name,
+        label=config.eval_name or "eval",
     )
     keep = config.keeps_samples
     run = _Run(config, out, progress, log, previous, None if keep else SummaryBuilder(), results={} if keep else None)

@@ -258,6 +258,19 @@ def _agent_outcome(run: _Run, agent: _Agent) -> Sample:
     return replace(sample, status="completed", metadata=run.metadata(agent.attempts, agent.states))
 
 
+async def _with_environment_state(run: _Run, sample: Sample, agent: _Agent) -> Sample:
+    """`sample` with the final environment's `serialize()` (what the score function sees as
+    `sample.environment_state`); failed, naming the error, if serializing raises."""
+    env = agent.states[-1].environment
+    if env is None:
+        return sample
+    try:
+        state = await env.serialize()
+    except Exception as e:
+        return run.failed(error_text("environment.serialize", e), sample, agent.attempts, agent.states)
+    return replace(sample, environment_state=state)
+
+
 # --------------------------------------------------------------------------------------------
 # Phase 3: scoring
 # --------------------------------------------------------------------------------------------
@@ -338,6 +351,8 @@ async def _evaluate_sample(row: Row, sample_id: str, config: EvalConfig, environ
         if isinstance(agent, Sample):
             return await finish_sample(config, agent)
         sample = _agent_outcome(run, agent)
+        if sample.status == "completed":
+            sample = await _with_environment_state(run, sample, agent)
         if sample.status == "completed":
             sample = await _score(config, sample, run.deadline, run.timeout_text)
             if sample.status == "completed":  # the duration covers scoring too

@@ -83,7 +83,27 @@ SampleStatus = Literal["pending", "completed", "failed", "provider_error"]
 
 @dataclass(frozen=True)
 class Sample:
-    """One dataset row run through an agent: its input, trajectory, score and outcome."""
+    """One dataset row run through an agent: its input, trajectory, score and outcome. A score
+    function receives it (`score_fn(sample) -> Score`) once the agent's run is over:
+
+    * `id`: the row's `id` field, else its index in the dataset (as a string);
+    * `input`: the dataset row as given (`ground_truth` reads its `ground_truth` or `answer`);
+    * `trajectory`: every message of the run (`trajectory.messages`: the prepared ones, then
+      the model's replies and the tool results), with usage per model call; `response` is the
+      text of the last assistant message;
+    * `environment_state`: the environment's state when the run ended, as its `serialize()`
+      gives it (None without an environment), e.g. a calculator's `{"current_value": 36.0}`:
+      what the agent's tools did, for a score that checks the outcome rather than the words;
+    * `stop_reason`: why the run ended (`task_completed`, `no_tool_called`, `max_turns`, ...);
+    * `status`: "completed" when scored (a failed or provider-error sample is never scored);
+    * `metadata`: `turns`, `usage`, `duration_s`, `attempts`, and `unfinished` (the stop reason)
+      when the run ended before its task; `score`, `error`, `fingerprint`: set by evaluate().
+
+        def score(sample: Sample) -> Score:
+            right = (sample.environment_state or {}).get("current_value") == sample.input["answer"]
+            said = str(sample.ground_truth) in sample.response
+            return Score((Metric("right", float(right), weight=1.0), Metric("said_it", float(said))))
+    """
 
     id: str
     input: Mapping[str, Any] = field(default_factory=dict)
@@ -94,6 +114,7 @@ class Sample:
     stop_reason: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     fingerprint: Mapping[str, Any] | None = None  # what produced it (rollouts.eval.fingerprint)
+    environment_state: Mapping[str, Any] | None = None  # the environment's serialize() at the end
 
     @property
     def ground_truth(self) -> Any:
@@ -126,6 +147,7 @@ class Sample:
             "stop_reason": self.stop_reason,
             "metadata": dict(self.metadata),
             "fingerprint": dict(self.fingerprint) if self.fingerprint is not None else None,
+            "environment_state": dict(self.environment_state) if self.environment_state is not None else None,
         }
 
     @classmethod
@@ -142,4 +164,5 @@ class Sample:
             stop_reason=data.get("stop_reason"),
             metadata=data.get("metadata", {}),
             fingerprint=data.get("fingerprint"),
+            environment_state=data.get("environment_state"),
         )

@@ -52,7 +52,26 @@ def extract_tag(tag: str = "answer") -> Extractor:
         return found[-1].strip() if found else None
 
     extract.__qualname__ = f"extract_tag({tag!r})"
+    return with_form(extract, f"inside <{tag}>...</{tag}> tags", example=f"<{tag}>{{}}</{tag}>")
+
+
+def with_form(extract: Extractor, form: str, *, example: str | None = None) -> Extractor:
+    """`extract` marked with the form of answer it finds ("inside <answer>...</answer> tags"),
+    and an example with `{}` for the answer: the matchers' feedback names the expected form, so
+    a reader (GEPA's reflection model) can learn it. The built-in extractors carry theirs."""
+    extract.rollouts_form = form  # type: ignore[attr-defined]
+    extract.rollouts_form_example = example  # type: ignore[attr-defined]
     return extract
+
+
+def _form(extract: Extractor | None, expected: Any) -> str:
+    """` inside <answer>...</answer> tags, e.g. <answer>63</answer>` (or '' for a bare response)."""
+    form = getattr(extract, "rollouts_form", None)
+    if not form:
+        return ""
+    example = getattr(extract, "rollouts_form_example", None)
+    shown = expected[0] if isinstance(expected, list | tuple) and expected else expected
+    return f" {form}" + (f", e.g. {example.format(shown)}" if example and shown is not None else "")
 
 
 def extract_regex(pattern: str | re.Pattern[str], group: int | str = 1, *, last: bool = True) -> Extractor:
@@ -67,7 +86,7 @@ def extract_regex(pattern: str | re.Pattern[str], group: int | str = 1, *, last:
         value = m.group(group)
         return value.strip() if value is not None else None
 
-    return extract
+    return with_form(extract, f"in text matching the pattern {rx.pattern!r}")
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
@@ -77,6 +96,9 @@ def extract_last_number(text: str) -> str | None:
     """The last number in `text` ("1,234.5" -> "1234.5"), or None."""
     found = _NUMBER.findall(text)
     return found[-1].replace(",", "") if found else None
+
+
+with_form(extract_last_number, "as the last number in the response")
 
 
 def extract_boxed(text: str) -> str | None:
@@ -94,6 +116,9 @@ def extract_boxed(text: str) -> str | None:
             if depth == 0:
                 return text[i:j].strip()
     return None
+
+
+with_form(extract_boxed, "inside \\boxed{...}", example="\\boxed{{{}}}")
 
 
 def parse_number(value: Any) -> float | None:
@@ -156,12 +181,13 @@ def exact_match(
             )
         got = extract(sample.response) if extract is not None else sample.response
         if got is None:
-            return 0.0, f"no answer found in the response (expected {_short(expected)})"
+            return 0.0, f"no answer found in the response: expected {_short(expected)}{_form(extract, expected)}"
         options = expected if isinstance(expected, list | tuple) else [expected]
         ok = any(_normalize(got, case_sensitive) == _normalize(str(o), case_sensitive) for o in options)
         if ok:
             return 1.0, f"correct: {_short(got)}"
-        return 0.0, f"expected {_short(expected)}, got {_short(got)}"
+        form = getattr(extract, "rollouts_form", None)
+        return 0.0, f"expected {_short(expected)}, got {_short(got)}" + (f" ({form})" if form else "")
 
     return exact
 
@@ -187,7 +213,7 @@ def numeric_match(
         got_text = extract(sample.response) if extract is not None else sample.response
         got = parse_number(got_text) if got_text is not None else None
         if got is None:
-            return 0.0, f"no number found in the response (expected {expected:g})"
+            return 0.0, f"no number found in the response: expected {expected:g}{_form(extract, f'{expected:g}')}"
         if math.isclose(got, expected, rel_tol=rel_tol, abs_tol=abs_tol):
             return 1.0, f"correct: {got:g}"
         return 0.0, f"expected {expected:g}, got {got:g}"

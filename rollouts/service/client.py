@@ -7,6 +7,13 @@
         for r in done["results"]:
             print(r["task_id"], r["status"], r["score"])
 
+Every method is one API call (see docs/service-api.md for the fields) returning the JSON answer
+as a dict, except the helpers that wait: `wait_batch`, `wait_gepa`, `batch_results` (every page)
+and `cancel_gepa` (until the job has ended). Methods: agents (`create_agent`, `list_agents`,
+`get_agent`, `list_versions`, `create_version`, `promote`), batches (`create_batch`,
+`get_batch`, `batch_results`, `cancel_batch`, `wait_batch`, `events`), GEPA jobs
+(`start_gepa`, `get_gepa`, `cancel_gepa`, `wait_gepa`), and `request` for anything else.
+
 Requests that fail to reach the server (connection refused or reset: a server restarting) are
 retried with backoff for up to `reconnect_s`; batch creation is safe to retry because every
 batch is sent with an idempotency key. An error answer raises `ServiceError` with the status,
@@ -69,6 +76,7 @@ class ServiceClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the HTTP client (if this client made it); `async with` does it."""
         if self._own:
             with trio.CancelScope(shield=True):
                 await self._http.aclose()
@@ -110,18 +118,25 @@ class ServiceClient:
         return await self.request("POST", "/v1/agents", {"name": name, "endpoint": dict(endpoint), **version})  # type: ignore[no-any-return]
 
     async def list_agents(self) -> list[dict[str, Any]]:
+        """The workspace's agents: each `{agent_id, name, current_version, ...}`."""
         return (await self.request("GET", "/v1/agents"))["agents"]  # type: ignore[no-any-return]
 
     async def get_agent(self, agent_id: str) -> dict[str, Any]:
+        """One agent with its current version (`ServiceError` 404 if there is none)."""
         return await self.request("GET", f"/v1/agents/{agent_id}")  # type: ignore[no-any-return]
 
     async def list_versions(self, agent_id: str) -> list[dict[str, Any]]:
+        """Every version of an agent, oldest first (each: endpoint, environment, system_prompt, ...)."""
         return (await self.request("GET", f"/v1/agents/{agent_id}/versions"))["versions"]  # type: ignore[no-any-return]
 
     async def create_version(self, agent_id: str, **fields: Any) -> dict[str, Any]:
+        """A new version of an agent from `fields` (those given replace the current version's:
+        endpoint, environment, system_prompt, max_turns, tags); returns it. Not yet current:
+        `promote` it."""
         return await self.request("POST", f"/v1/agents/{agent_id}/versions", fields)  # type: ignore[no-any-return]
 
     async def promote(self, agent_id: str, version: int) -> dict[str, Any]:
+        """Make `version` the agent's current one (new batches use it); returns the agent."""
         return await self.request("POST", f"/v1/agents/{agent_id}/versions/{version}/promote")  # type: ignore[no-any-return]
 
     # ---- batches --------------------------------------------------------------------------------
@@ -151,6 +166,8 @@ class ServiceClient:
         return await self.request("POST", "/v1/batches", body)  # type: ignore[no-any-return]
 
     async def get_batch(self, batch_id: str, *, offset: int = 0, limit: int = 100) -> dict[str, Any]:
+        """The batch (`status`, `progress`) with one page of its finished results, from `offset`
+        (`next_offset` is None on the last page; `batch_results` reads them all)."""
         return await self.request("GET", f"/v1/batches/{batch_id}", params={"offset": offset, "limit": limit})  # type: ignore[no-any-return]
 
     async def batch_results(self, batch_id: str, page: int = 1000) -> dict[str, Any]:
@@ -166,6 +183,7 @@ class ServiceClient:
         return {**first, "results": results, "next_offset": None}
 
     async def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        """Cancel the batch's unfinished tasks (finished results are kept); returns the batch."""
         return await self.request("DELETE", f"/v1/batches/{batch_id}")  # type: ignore[no-any-return]
 
     async def events(self, path: str) -> Any:
@@ -209,10 +227,19 @@ class ServiceClient:
         return await self.request("POST", f"/v1/agents/{agent_id}/gepa", request)  # type: ignore[no-any-return]
 
     async def get_gepa(self, job_id: str) -> dict[str, Any]:
+        """The GEPA job: `status` (queued, running, completed, failed, cancelled), progress and,
+        once it has one, its best candidate and score."""
         return await self.request("GET", f"/v1/gepa/{job_id}")  # type: ignore[no-any-return]
 
-    async def cancel_gepa(self, job_id: str) -> dict[str, Any]:
-        return await self.request("DELETE", f"/v1/gepa/{job_id}")  # type: ignore[no-any-return]
+    async def cancel_gepa(self, job_id: str, *, wait_s: float = 30.0, poll_s: float = 0.2) -> dict[str, Any]:
+        """Cancel the job and return it once it has ended (`status` "cancelled", or "completed"/
+        "failed" if it ended first): a running job stops at its next checkpoint, so the DELETE
+        alone answers while it is still `running`. Waits at most `wait_s` (0: return the DELETE's
+        answer at once); after that, the job as it is then."""
+        job: dict[str, Any] = await self.request("DELETE", f"/v1/gepa/{job_id}")
+        if wait_s <= 0 or job.get("status") in _TERMINAL_JOB:
+            return job
+        return await self.wait_gepa(job_id, timeout_s=wait_s, poll_s=poll_s)
 
     async def wait_gepa(self, job_id: str, *, timeout_s: float | None = None, poll_s: float = 0.5) -> dict[str, Any]:
         """Poll until the job has ended (or `timeout_s` passes); then the job."""

@@ -207,7 +207,10 @@ async def sample(ctx: ViewContext, r: Request) -> Response:
 
 
 async def compare(ctx: ViewContext, r: Request) -> Response:
-    return HTMLResponse(await pages.compare_page(ctx.catalog_for(r), ctx.links, _params(r)))
+    params = _params(r)
+    if len(r.query_params.getlist("run")) > 0:  # (the runs list's checkboxes: run=A&run=B...)
+        params["runs"] = ",".join(r.query_params.getlist("run"))
+    return HTMLResponse(await pages.compare_page(ctx.catalog_for(r), ctx.links, params))
 
 
 async def gepa_runs(ctx: ViewContext, r: Request) -> Response:

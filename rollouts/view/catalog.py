@@ -168,6 +168,8 @@ class EvalRunRow:
     started_at: str = ""
     duration_s: float | None = None
     indexed: bool = True
+    model: str = ""  # the endpoint's provider/model, when the run says
+    task: str = ""  # what was evaluated (the run's task or dataset, else its scorer), when it says
 
 
 @dataclass(frozen=True)

@@ -385,6 +385,8 @@ class FilesCatalog:
             started_at=str(report.get("started_at") or ""),
             duration_s=report.get("duration_s") if isinstance(report.get("duration_s"), int | float) else None,
             indexed=not _pending(src.index),
+            model=_model_of(report),
+            task=_task_of(report),
         )
 
     async def list_eval_runs(self) -> Sequence[EvalRunRow]:
@@ -539,6 +541,26 @@ class FilesCatalog:
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
+
+
+def _model_of(report: Mapping[str, Any]) -> str:
+    config = report.get("config")
+    endpoint = config.get("endpoint") if isinstance(config, Mapping) else None
+    if not isinstance(endpoint, Mapping):
+        return ""
+    provider, model = str(endpoint.get("provider") or ""), str(endpoint.get("model") or "")
+    return f"{provider}/{model}" if provider and model else model
+
+
+def _task_of(report: Mapping[str, Any]) -> str:
+    config = report.get("config")
+    if not isinstance(config, Mapping):
+        return ""
+    meta = config.get("metadata")
+    for key in ("task", "dataset"):
+        if isinstance(meta, Mapping) and meta.get(key):
+            return str(meta[key])
+    return str(config.get("score_fn") or "")
 
 
 def _stat_key(path: Path) -> tuple[int, int, int] | None:

@@ -55,6 +55,10 @@ class ServerLinks:
     def evals(self) -> str:
         return self._u("/evals")
 
+    def evals_list(self, **query: Any) -> str | None:
+        """The runs list, filtered and sorted."""
+        return self._u("/evals" + _query(query))
+
     def eval_run(self, run_id: str, **query: Any) -> str | None:
         return self._u(f"/evals/{quote(run_id, safe='')}" + _query(query))
 
@@ -69,6 +73,10 @@ class ServerLinks:
     def compare_form(self) -> str | None:
         """Where the compare form is sent (its fields give the runs)."""
         return self._u("/compare")
+
+    def compare_runs(self, run_ids: list[str], vs: str, **query: Any) -> str | None:
+        """N runs side by side, the first the baseline; the sample table against `vs`."""
+        return self._u("/compare" + _query({"runs": ",".join(run_ids), "vs": vs, **query}))
 
     def gepa_runs(self) -> str:
         return self._u("/gepa")
@@ -131,6 +139,9 @@ class BundleLinks:
     def evals(self) -> str:
         return self._rel("evals.html")
 
+    def evals_list(self, **query: Any) -> str | None:
+        return None if _query(query) else self._rel("evals.html")
+
     def eval_run(self, run_id: str, **query: Any) -> str | None:
         return None if _query(query) else self._rel(f"evals/{run_id}.html")
 
@@ -143,6 +154,9 @@ class BundleLinks:
         return None
 
     def compare_form(self) -> str | None:
+        return None
+
+    def compare_runs(self, run_ids: list[str], vs: str, **query: Any) -> str | None:
         return None
 
     def gepa_runs(self) -> str:

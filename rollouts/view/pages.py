@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jinja2
@@ -20,6 +20,7 @@ from rollouts.view.catalog import (
     METRIC_OPS,
     SAMPLE_SORTS,
     Catalog,
+    EvalRunRow,
     NotFound,
     SampleQuery,
     SessionQuery,
@@ -156,9 +157,25 @@ async def session_diff_page(catalog: Catalog, links: Links, session_id: str, par
     return render("diff.html", links, title=f"Branch {session_id} vs its parent", row=row, items=items, d=detail)
 
 
+RUN_SORTS = {"date": lambda r: r.started_at, "name": lambda r: r.name.lower(), "task": lambda r: r.task.lower(),
+             "model": lambda r: r.model.lower(), "score": lambda r: (r.mean_reward is not None, r.mean_reward or 0.0),
+             "samples": lambda r: r.n_samples}  # fmt: skip
+
+
 async def evals_page(catalog: Catalog, links: Links, params: Params) -> str:
-    runs = await catalog.list_eval_runs()
-    return render("evals.html", links, title="Evaluations", runs=runs)
+    """The runs, filtered (`q`: text in name, task, model or location) and sorted (`sort` one of
+    RUN_SORTS, `order` asc|desc; newest first by default)."""
+    runs = list(await catalog.list_eval_runs())
+    text = params.get("q", "").strip().lower()
+    if text:
+        runs = [r for r in runs if any(text in x.lower() for x in (r.name, r.task, r.model, r.location, r.run_id))]
+    sort = params.get("sort", "") or "date"
+    if sort not in RUN_SORTS:
+        raise ValueError(f"sort must be one of {', '.join(RUN_SORTS)}, got {sort!r}")
+    descending = params.get("order", "desc" if sort in ("date", "score", "samples") else "asc") == "desc"
+    runs.sort(key=RUN_SORTS[sort], reverse=descending)
+    form = {"q": params.get("q", ""), "sort": sort, "order": "desc" if descending else "asc"}
+    return render("evals.html", links, title="Evaluations", runs=runs, form=form)
 
 
 def sample_query(params: Params) -> SampleQuery:
@@ -303,13 +320,40 @@ def _part_text(message: Message, part: int) -> str:
         raise NotFound(f"that message has no part {part}") from None
 
 
+COMPARE_MAX = 8
+
+
+@dataclass(frozen=True)
+class CompareRun:
+    """One run of a comparison: its row (with metric means) and its overlap with the baseline."""
+
+    row: EvalRunRow
+    shared: int
+    regressed: int
+    improved: int
+
+
 async def compare_page(catalog: Catalog, links: Links, params: Params) -> str:
-    a, b = params.get("a", ""), params.get("b", "")
-    if not a or not b:
-        raise ValueError("compare needs two runs: ?a=RUN&b=RUN")
+    """Runs side by side (`runs=A,B,C`, the first the baseline; or `a=` and `b=`): every run on
+    every metric, and the per-sample table of the baseline against `vs` (the second by default)."""
+    ids = [x for x in params.get("runs", "").split(",") if x] or [x for x in (params.get("a"), params.get("b")) if x]
+    ids = list(dict.fromkeys(ids))
+    if len(ids) < 2:
+        raise ValueError("compare needs two runs or more: check them on the Evaluations page (or ?a=RUN&b=RUN)")
+    if len(ids) > COMPARE_MAX:
+        raise ValueError(f"compare takes at most {COMPARE_MAX} runs, got {len(ids)}")
+    vs = params.get("vs") or ids[1]
+    if vs not in ids[1:]:
+        raise ValueError(f"vs must be one of the compared runs other than the first, got {vs!r}")
     page_no = _page_number(params)
-    cmp = await catalog.compare_runs(a, b, offset=(page_no - 1) * PAGE_SIZE, limit=PAGE_SIZE)
-    return render("compare.html", links, title="Compare runs", c=cmp, page_no=page_no)
+    cmp = await catalog.compare_runs(ids[0], vs, offset=(page_no - 1) * PAGE_SIZE, limit=PAGE_SIZE)
+    runs = [CompareRun((await catalog.get_eval_run(ids[0])).row, cmp.a.n_samples, 0, 0)]
+    for other in ids[1:]:
+        c = cmp if other == vs else await catalog.compare_runs(ids[0], other, limit=1)
+        runs.append(CompareRun((await catalog.get_eval_run(other)).row, c.shared, c.regressed, c.improved))
+    metrics = sorted({name for r in runs for name in r.row.metrics})
+    return render("compare.html", links, title="Compare runs", c=cmp, page_no=page_no, runs=runs, ids=ids, vs=vs,
+                  metrics=metrics)  # fmt: skip
 
 
 async def gepa_runs_page(catalog: Catalog, links: Links, params: Params) -> str:
