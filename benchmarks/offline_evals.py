@@ -183,7 +183,10 @@ def write_table(rows: list[dict[str, Any]], extra: dict[str, Any], path: Path) -
                 "compositions, even at temperature 0.",
                 "",
             ]
-    path.write_text("\n".join(lines))
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    marker = "<!-- gepa_local:start -->"  # (benchmarks/gepa_local.py's section: kept as it is)
+    kept = old[old.index(marker) :] if marker in old else ""
+    path.write_text("\n".join(lines) + ("\n" + kept if kept else ""))
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:

@@ -12,12 +12,17 @@ session store of M sessions (4 messages each), starts `rollouts view` on both in
   of the run (`eval_sorted_page_ms`, `eval_search_page_ms`, over all N samples), a sample page
   from the middle of the file (`sample_page_ms`) and a session page;
 * index_s: how long the server took to index everything;
+* big_message_page_ms: a sample whose tool output is one 8 MB text, opened in headless Chromium
+  (Debian's `chromium` driven by Playwright): navigation start to the `load` event (the page
+  shows 20,000 characters of it and a "show all" link); `big_message_server_ms` the same page
+  over HTTP alone;
 * rss_mb: the server's peak resident memory (VmHWM) over the whole run.
 
 Each timing is the median of `--repeats` requests (the first pages: one cold request).
 
 Run: python benchmarks/view.py [--samples 100000] [--sessions 10000]
-Last line: JSON with eval_first_page_ms, sessions_first_page_ms, sample_page_ms, rss_mb (and the rest).
+Last line: JSON with eval_first_page_ms, sessions_first_page_ms, sample_page_ms, big_message_page_ms,
+rss_mb (and the rest).
 """
 
 from __future__ import annotations
@@ -111,6 +116,39 @@ def write_sessions(root: Path, m: int) -> None:
         (d / "session.json").write_text(json.dumps(meta.to_dict()))
 
 
+BIG_MESSAGE_CHARS = 8_000_000
+CHROMIUM = os.environ.get("ROLLOUTS_CHROMIUM", "/usr/bin/chromium")
+
+
+def write_big_message(out: Path) -> None:
+    """An eval run of one sample whose tool output is one 8 MB text (a repeated letter: the
+    worst case for a browser laying out one unbroken word)."""
+    out.mkdir(parents=True)
+    traj = Trajectory(messages=(Message("user", "cat the log"), Message("tool", "A" * BIG_MESSAGE_CHARS, tool_call_id="c1"),
+                                Message("assistant", (TextContent("It is a long log."),))))  # fmt: skip
+    s = Sample(id="big", input={"question": "cat the log"}, trajectory=traj, status="completed")
+    (out / "samples.jsonl").write_text(json.dumps(s.to_dict(), separators=(",", ":")) + "\n")
+
+
+def browser_load_ms(url: str) -> float:
+    """Navigation start to the `load` event of `url` in headless Chromium (the median of three)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            times = []
+            for _ in range(3):
+                page = browser.new_page()
+                page.set_default_timeout(120_000)
+                page.goto(url, wait_until="load")
+                times.append(float(page.evaluate("performance.getEntriesByType('navigation')[0].loadEventEnd")))
+                page.close()
+            return statistics.median(times)
+        finally:
+            browser.close()
+
+
 def peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -138,13 +176,14 @@ def main() -> None:
         t = time.perf_counter()
         write_eval(base / "run", args.samples)
         write_sessions(base / "sessions", args.sessions)
+        write_big_message(base / "big")
         size_mb = (base / "run" / "samples.jsonl").stat().st_size / 1e6
         print(f"generated {args.samples} samples ({size_mb:.0f} MB) and {args.sessions} sessions "
               f"in {time.perf_counter() - t:.1f}s", file=sys.stderr)  # fmt: skip
 
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         cmd = [sys.executable, "-m", "rollouts.cli", "view", str(base / "run"), str(base / "sessions"),
-               "--cache-dir", str(base / "cache")]  # fmt: skip
+               str(base / "big"), "--cache-dir", str(base / "cache")]  # fmt: skip
         server_log = open(base / "server.log", "w")  # closed below
         server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=server_log, text=True, env=env)
         try:
@@ -155,13 +194,14 @@ def main() -> None:
             from rollouts.view.files import FilesCatalog
 
             run_id = FilesCatalog.run_id(base / "run")
+            big_id = FilesCatalog.run_id(base / "big")
             with httpx2.Client(base_url=url, timeout=120) as client:
                 eval_first = timed_get(client, f"/evals/{run_id}")
                 sessions_first = timed_get(client, "/sessions")
                 # wait for the index to finish (bounded: the benchmark gives up after 10 minutes)
                 for _ in range(6000):
                     runs = client.get("/api/evals").json()
-                    if runs[0]["indexed"] and runs[0]["n_samples"] == args.samples:
+                    if all(r["indexed"] for r in runs) and any(r["n_samples"] == args.samples for r in runs):
                         break
                     time.sleep(0.1)
                 index_s = time.perf_counter() - started
@@ -185,6 +225,8 @@ def main() -> None:
                     "sessions_search_ms": round(median("/sessions?q=module_42.py&status=failed"), 1),
                     "sample_page_ms": round(median(f"/evals/{run_id}/samples/s{args.samples // 2:06d}"), 1),
                     "session_page_ms": round(median(f"/sessions/{sid}"), 1),
+                    "big_message_server_ms": round(median(f"/evals/{big_id}/samples/big"), 1),
+                    "big_message_page_ms": round(browser_load_ms(f"{url.rstrip('/')}/evals/{big_id}/samples/big"), 1),
                     "sessions_total": sessions["total"],
                     "rss_mb": round(peak_rss_mb(server.pid), 1),
                 }

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -252,3 +253,22 @@ def test_cli_eval_epochs_prints_the_reducers_and_writes_them(tmp_path: Path) -> 
     assert len(report["sample_ids"]) == 9 and report["sample_ids"][:3] == ["q0#1", "q0#2", "q0#3"]
     bad = run_cli(*args, "--epochs", "2", "--pass-at", "3", "--output", "out2", tmp=tmp_path)
     assert bad.returncode == 2 and "pass_at" in bad.stderr
+
+
+async def test_gepa_on_a_task_with_epochs_scores_one_rollout_per_instance() -> None:
+    """A task config with epochs (for evaluate()) used by GEPA: each instance is one rollout."""
+    from _gepa_task import TagTask, rows
+
+    from rollouts.gepa import optimize
+
+    task = TagTask()
+    config = replace(task.config(), epochs=3, pass_at=(1, 3))
+    result = await optimize(
+        task.seed(),
+        rows("ab"),
+        rows("ab", "v"),
+        task=config,
+        reflection_endpoint=task.reflector.endpoint,
+        max_metric_calls=12,
+    )
+    assert result.metric_calls == task.task_calls <= 12

@@ -228,3 +228,18 @@ async def test_each_sample_gets_its_own_workspace_removed_afterwards(tmp_path: P
     assert len(roots) == 8 and all(r.startswith(str(copies)) for r in roots)
     assert list(copies.iterdir()) == [], "a sample's workspace was left behind"
     assert (template / "log.txt").read_text() == "start\n"
+
+
+def test_docker_sandbox_command_line_confines_and_carries_no_secret_values() -> None:
+    """The Docker backend is not run here (no daemon); its command line is checked."""
+    from rollouts.environments.sandbox import DockerSandbox
+
+    box = DockerSandbox("python:3.11-slim", SandboxLimits(max_processes=64, memory_bytes=1 << 30))
+    argv = box.argv(["bash", "-c", "make"], "/work/ws", "rollouts-sandbox-x", {"GITHUB_TOKEN": "ghp_secret"})
+    line = " ".join(argv)
+    for part in ("--rm", "--read-only", "--network none", "--cap-drop ALL", "--pids-limit 64", "--memory 1073741824"):
+        assert part in line, part
+    assert "-v /work/ws:/work/ws" in line and "-w /work/ws" in line and "--tmpfs /tmp:rw,size=" in line
+    assert "-e GITHUB_TOKEN" in line and "ghp_secret" not in line  # the value comes from docker's environment
+    assert argv[-3:] == ["bash", "-c", "make"]
+    assert resolve_sandbox(box.to_dict()) == box

@@ -31,6 +31,6 @@ def test_view_benchmark_prints_its_figures() -> None:
         check=True,
     ).stdout
     r = json.loads(out.strip().splitlines()[-1])
-    for key in ("eval_first_page_ms", "sessions_first_page_ms", "sample_page_ms", "rss_mb"):
+    for key in ("eval_first_page_ms", "sessions_first_page_ms", "sample_page_ms", "big_message_page_ms", "rss_mb"):
         assert r[key] > 0, key
     assert r["samples"] == 300 and r["sessions_total"] == 40

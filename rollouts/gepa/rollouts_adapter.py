@@ -256,6 +256,8 @@ class RolloutsAdapter:
                 output_dir=None,
                 show_progress=False,
                 max_samples=None,
+                epochs=1,  # (one rollout per instance: a task's epochs are for evaluate() itself)
+                pass_at=None,
                 eval_name=f"gepa-{eval_id or 'eval'}",
             )
             if log is not None:
