@@ -223,3 +223,15 @@ def test_cli_eval_set_compares_and_a_rerun_calls_no_model(tmp_path: Path) -> Non
     assert again.returncode == 0, again.stderr
     assert len(log.read_text().splitlines()) == calls  # everything was reused
     assert again.stdout.split("set: ")[0] == first.stdout.split("set: ")[0]
+
+
+async def test_past_twenty_million_draws_the_interval_is_the_normal_one(tmp_path: Path) -> None:
+    model = ScriptedModel(lambda r: "0" if int(r.last_user_text.split()[-1]) % 2 else "x", name="set-half")
+    rows = [{"q": f"n {i}", "answer": "0"} for i in range(10)]  # half right: rewards 0, 1, 0, 1, ...
+    small = await evaluate_set([_task("half", rows)], [model.endpoint], tmp_path / "a", bootstrap_samples=1000)
+    big = await evaluate_set([_task("half", rows)], [model.endpoint], tmp_path / "b", bootstrap_samples=3_000_000)
+    boot, normal = small.comparison["half"]["scripted/set-half"], big.comparison["half"]["scripted/set-half"]
+    assert (boot["ci_method"], normal["ci_method"]) == ("bootstrap", "normal")
+    half = 1.959964 * math.sqrt(0.25 * 10 / 9) / math.sqrt(10)  # z * s / sqrt(n), s the sample sd
+    assert normal["ci"] == pytest.approx([0.5 - half, 0.5 + half])
+    assert boot["ci"][0] == pytest.approx(normal["ci"][0], abs=0.08) and boot["mean"] == normal["mean"] == 0.5

@@ -13,6 +13,7 @@ the second example's two names that the seed uses without importing (`stdout_han
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -87,8 +88,9 @@ def _model(request: RecordedRequest) -> ScriptedReply:
     """Claude as the examples need it: arithmetic answers, and the calculator in three steps."""
     messages = request.json["messages"]
     question = messages[0]["content"][0]["text"]
-    if question in ("2+2?", "3+3?"):
-        return ScriptedReply(str(eval(question[:-1])))  # (two fixed strings)
+    answers = {"2+2?": "4", "3+3?": "6"}
+    if question in answers:
+        return ScriptedReply(answers[question])
     steps = [("add", {"value": 3}), ("multiply", {"value": 2}), ("add", {"value": 5})]
     done = sum(1 for m in messages if m["role"] == "assistant")
     if done < len(steps):
@@ -102,7 +104,7 @@ async def _run(tmp: Path, program: str, url: str) -> tuple[int, str, str]:
     script.write_text(program)
     env = cli_env(tmp, ANTHROPIC_API_KEY=FAKE_KEYS["ANTHROPIC_API_KEY"], ANTHROPIC_BASE_URL=url)
     proc = await trio.run_process(
-        ["python", str(script)], cwd=tmp, env=env, capture_stdout=True, capture_stderr=True, check=False
+        [sys.executable, str(script)], cwd=tmp, env=env, capture_stdout=True, capture_stderr=True, check=False
     )
     return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
 

@@ -23,7 +23,8 @@ from test_service_e2e import (
     worker_process,
 )
 
-from rollouts.service import accounts
+from rollouts.service import accounts, jobs
+from rollouts.service.accounts import VersionSpec
 from rollouts.service.client import ServiceClient
 from rollouts.service.store import Store
 from rollouts.testing import RecordedRequest, http_error, open_fake_server
@@ -193,3 +194,23 @@ async def test_a_job_reports_its_timeouts_and_a_local_model_gets_time_to_finish(
         )  # fmt: skip
     assert json.loads(stored[0][0])["timeout_per_task_ms"] == 600_000
     assert dict(stored[1]) == {batch["batch_id"]: 600_000, hosted["batch_id"]: 30_000}
+
+
+async def test_a_job_leased_to_a_server_that_is_not_running_it_is_taken_back(db_url: str) -> None:
+    """Issue 25, defect 4: a claim that committed while its answer was lost to a database outage
+    left the job leased to a server that was not running it, which never took it back (a server
+    skipped every job leased to it); now it skips only the jobs it runs."""
+    store = await Store.open(db_url)
+    try:
+        ws = await store.call(accounts.ensure_workspace, "w")
+        agent = await store.call(accounts.create_agent, ws, "a", VersionSpec(endpoint={"model": "scripted/echo"}))
+        job = await store.call(jobs.create_job, ws, agent["agent_id"], 1, {"x": 1}, 10, False)
+        first = await store.call(jobs.claim_job, "srv-a", -1.0, [])  # (its answer lost; the lease already over)
+        assert first is not None and first["job_id"] == job["job_id"]
+        assert await store.call(jobs.claim_job, "srv-a", 60.0, [job["job_id"]]) is None  # running it: never twice
+        again = await store.call(jobs.claim_job, "srv-a", 60.0, [])  # not running it: takes it back
+        assert again is not None and again["job_id"] == job["job_id"]
+        row = await store.read(lambda tx: tx.one("SELECT lease_owner, status FROM gepa_jobs"))
+        assert row == ("srv-a", "running")
+    finally:
+        store.close()

@@ -242,6 +242,8 @@ async def test_login_sets_a_strict_httponly_cookie_and_logout_clears_it(ui: Ui) 
     page = await ui.client.get("/ui/batches")
     assert page.status_code == 200 and ui.data.batch in page.text and ui.data.batch2 in page.text
     assert ">Sessions<" not in page.text and ">Sessions<" not in (await ui.client.get("/ui/")).text  # (none here)
+    assert (await ui.client.get("/ui/sessions")).status_code == 404  # no page it cannot fill
+    assert (await ui.client.get("/ui/api/sessions")).status_code == 404
     assert ui.data.batch_b not in page.text
     assert ui.data.token_a not in page.text  # the token is never on a page (the CSRF token is its hash)
 

@@ -306,3 +306,51 @@ async def test_sample_page_previous_next_markdown_ansi_target_and_collapsing(
         page.screenshot(path=tmp_path / "sample.png", full_page=True)
 
     await trio.to_thread.run_sync(_in_browser(drive))
+
+
+async def test_a_samples_timeline_shows_each_model_and_tool_call(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """The per-event timeline: each model call with its latency, time to first token, tokens,
+    cost and attempts; each tool call with its duration; errors in place; rows link to messages."""
+    from _view_data import write_eval
+
+    from rollouts.dtypes import Completion, Message, TextContent, ToolCallContent, Trajectory, Usage
+    from rollouts.eval.sample import Sample
+
+    _require_browser()
+    u = Usage(input_tokens=100, output_tokens=20, cost_usd=0.002)
+    msgs = (
+        Message("user", "compute", timestamp="2026-01-01T00:00:00+00:00"),
+        Message("assistant", (ToolCallContent("c1", "calculator", {"x": "1/0"}),), provider="openai", model="gpt-4.1",
+                usage=u, timestamp="2026-01-01T00:00:01+00:00"),
+        Message("tool", "division by zero", tool_call_id="c1", details={"is_error": True},
+                timestamp="2026-01-01T00:00:02.500000+00:00"),
+        Message("assistant", (TextContent("It fails."),), provider="openai", model="gpt-4.1", usage=u,
+                timestamp="2026-01-01T00:00:04+00:00"),
+    )  # fmt: skip
+    comps = (
+        Completion("openai", "gpt-4.1", "tool_calls", 1, 0.8, 0.2, 1),
+        Completion("openai", "gpt-4.1", "stop", 3, 1.2, 0.3, 2),
+    )
+    write_eval(tmp_path / "run", [Sample(id="t", input={"q": "compute"}, trajectory=Trajectory(messages=msgs, completions=comps),
+                                        status="completed")], "timeline")  # fmt: skip
+    catalog = FilesCatalog([tmp_path / "run"], cache_dir=tmp_path / "cache")
+    await catalog.index_once()
+    url = (await nursery.start(serve, create_app(catalog))).rstrip("/")
+
+    def drive(page: Any) -> None:
+        page.goto(f"{url}/evals/{catalog.run_id(tmp_path / 'run')}/samples/t")
+        rows = page.locator("#timeline tbody tr")
+        assert rows.count() == 3
+        cells = [[c.strip() for c in rows.nth(i).locator("td").all_inner_texts()] for i in range(3)]
+        assert cells[0][1:5] == ["model", "openai/gpt-4.1", "0.80s", "0.20s"] and cells[0][5:8] == [
+            "100",
+            "20",
+            "$0.0020",
+        ]
+        assert cells[1][1] == "tool" and cells[1][2].startswith("calculator") and "error" in cells[1][2]
+        assert cells[1][3] == "1.50s"
+        assert cells[2][8] == "2" and rows.nth(2).locator("td span.bad").count() == 1  # a retried call, marked
+        rows.nth(1).locator("a").click()
+        assert page.url.endswith("#m2") and page.locator("#m2").is_visible()
+
+    await trio.to_thread.run_sync(_in_browser(drive))

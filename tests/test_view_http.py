@@ -442,3 +442,23 @@ async def test_runs_list_filters_and_sorts_and_compares_n_runs_on_every_metric(v
     assert (await view.client.get("/compare?runs=" + ",".join(f"r{i}" for i in range(9)))).status_code == 400
     assert (await view.client.get(f"/compare?runs={a},{b}&vs={a}")).status_code == 400
     assert len(_rows(await _ok(view, f"/compare?a={a}&b={b}"), "comparison")) > 0  # (the old two-run links)
+
+
+async def test_a_run_with_epochs_shows_its_reducers(tmp_path: Path, nursery: trio.Nursery) -> None:
+    from _view_data import write_eval
+
+    run = tmp_path / "ep"
+    write_eval(run, [make_sample(i, i % 2 == 0) for i in range(4)], "epochs")
+    report = json.loads((run / REPORT_FILE).read_text())
+    report["summary"]["epochs"] = {"epochs": 2, "rows": 2, "complete_rows": 2, "pass_at": [1, 2], "pass_threshold": 1.0,
+                                   "reducers": {"mean": 0.5, "max": 1.0, "majority": 0.5, "pass@1": 0.5, "pass@2": 1.0},
+                                   "rows_per_reducer": {"mean": 2, "max": 2, "majority": 2, "pass@1": 2, "pass@2": 2}}  # fmt: skip
+    write_json_atomic(run / REPORT_FILE, report)
+    catalog = FilesCatalog([run], cache_dir=tmp_path / "cache")
+    await catalog.index_once()
+    url = await nursery.start(serve, create_app(catalog))
+    async with httpx2.AsyncClient(base_url=url, timeout=30) as client:
+        page = (await client.get(f"/evals/{catalog.run_id(run)}")).text
+    rows = _rows(page, "reducers")
+    assert [re.search(r"<td>([^<]+)</td>", r).group(1) for r in rows] == ["mean", "max", "majority", "pass@1", "pass@2"]  # type: ignore[union-attr]
+    assert "<b>2</b> epochs per row" in page

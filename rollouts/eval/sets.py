@@ -17,8 +17,9 @@ and the others go on.
 the tasks, the models, each pair's directory, status, error and summary, and the `comparison`:
 per task, per model, `n` (scored samples; rows when the task has epochs > 1), `mean` reward,
 `ci` (a percentile bootstrap interval on the mean: `bootstrap_samples` resamples of the units
-with a fixed seed, so the same results give the same interval), the metrics' means and the epoch
-reducers. With epochs, the bootstrap resamples rows (each row's mean over its epochs), not
+with a fixed seed, so the same results give the same interval; past 20 million draws, i.e.
+20,000 units at 1,000 resamples, the normal interval mean +- z*s/sqrt(n) it converges to, and
+`ci_method` says which), the metrics' means and the epoch reducers. With epochs, the bootstrap resamples rows (each row's mean over its epochs), not
 samples, as the epochs of one row are not independent.
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,7 +41,7 @@ from rollouts.errors import ConfigurationError
 from rollouts.eval.config import Dataset, EvalConfig, Row
 from rollouts.eval.epochs import split_epoch_id
 from rollouts.eval.executor import Feed, Record
-from rollouts.eval.io import read_json, write_json_atomic
+from rollouts.eval.io import SAMPLES_FILE, iter_sample_log, read_json, write_json_atomic
 from rollouts.eval.report import EvalReport
 from rollouts.eval.run import evaluate
 from rollouts.eval.run_sample import error_text, evaluate_sample
@@ -167,6 +169,20 @@ def bootstrap_mean_interval(
     return lo, hi
 
 
+_MAX_DRAWS = 20_000_000  # resamples x units above which the normal interval is used (seconds of CPU)
+
+
+def _normal(values: Sequence[float], confidence: float) -> tuple[float, float] | None:
+    """mean +- z * s / sqrt(n): what the bootstrap interval converges to for many units."""
+    n = len(values)
+    if n == 0:
+        return None
+    mean = math.fsum(values) / n
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+    return mean - z * sd / math.sqrt(n), mean + z * sd / math.sqrt(n)
+
+
 # ---- one limit for every pair ------------------------------------------------------------------
 
 
@@ -213,13 +229,23 @@ class SharedLimit:
 
 
 def _units(report: EvalReport, epochs: int) -> list[float]:
-    """The rewards the interval is over: each scored sample's, or with epochs each row's mean."""
-    scored = [s for s in report.samples if s.score is not None]
+    """The rewards the interval is over: each scored sample's, or with epochs each row's mean.
+    Read from the pair's samples.jsonl one record at a time (the latest record of each of the
+    report's samples), so a big pair's trajectories are never all in memory."""
+    wanted = set(report.ids)
+    rewards: dict[str, float | None] = {}
+    if report.output_dir is not None:
+        for s in iter_sample_log(Path(report.output_dir) / SAMPLES_FILE):
+            if s.id in wanted:
+                rewards[s.id] = s.reward if s.score is not None else None
+    else:
+        rewards = {s.id: (s.reward if s.score is not None else None) for s in report.samples}
+    scored = [(sid, r) for sid in report.ids if (r := rewards.get(sid)) is not None]
     if epochs <= 1:
-        return [s.reward for s in scored]
+        return [r for _, r in scored]
     rows: dict[str, list[float]] = {}
-    for s in scored:
-        rows.setdefault(split_epoch_id(s.id)[0], []).append(s.reward)
+    for sid, r in scored:
+        rows.setdefault(split_epoch_id(sid)[0], []).append(r)
     return [math.fsum(v) / len(v) for v in rows.values()]
 
 
@@ -228,13 +254,19 @@ def _compare(pair: PairResult, epochs: int, confidence: float, resamples: int, s
         return {"status": pair.status, "error": pair.error, "n": 0, "mean": None, "ci": None, "metrics": {}}
     summary = pair.report.summary
     units = _units(pair.report, epochs)
-    ci = bootstrap_mean_interval(units, confidence, resamples, seed)
+    method = "bootstrap" if len(units) * resamples <= _MAX_DRAWS else "normal"
+    ci = (
+        bootstrap_mean_interval(units, confidence, resamples, seed)
+        if method == "bootstrap"
+        else _normal(units, confidence)
+    )
     out: dict[str, Any] = {
         "status": pair.status,
         "error": pair.error,
         "n": len(units),
         "mean": math.fsum(units) / len(units) if units else None,
         "ci": list(ci) if ci is not None else None,
+        "ci_method": method,
         "metrics": {name: st["mean"] for name, st in summary["metrics"].items()},
         "samples": summary["counts"]["total"],
         "failed": summary["counts"]["failed"] + summary["counts"]["provider_error"],
@@ -290,11 +322,13 @@ async def evaluate_set(
         for label in labels
     }
     epochs = {t.name: t.config.epochs for t in tasks}
+    compared: dict[tuple[str, str], dict[str, Any]] = {}  # each pair's row, made once when it ends
 
     def result() -> EvalSetResult:
         comparison: dict[str, dict[str, Any]] = {}
-        for (task, label), p in pairs.items():
-            comparison.setdefault(task, {})[label] = _compare(p, epochs[task], confidence, bootstrap_samples, seed)
+        for key, p in pairs.items():
+            row = compared.get(key) or _compare(p, epochs[key[0]], confidence, bootstrap_samples, seed)
+            comparison.setdefault(key[0], {})[key[1]] = row
         return EvalSetResult(str(out), tuple(names), tuple(labels), tuple(pairs.values()), comparison, confidence)
 
     def write_index() -> None:
@@ -319,6 +353,10 @@ async def evaluate_set(
             pairs[key] = replace(pairs[key], status=report.status, report=report, error=report.error)
         except Exception as e:  # this pair only: the others go on
             pairs[key] = replace(pairs[key], status="failed", error=error_text("evaluate", e).splitlines()[0])
+        # (reads the pair's samples.jsonl and resamples: off the event loop, the other pairs go on)
+        compared[key] = await trio.to_thread.run_sync(
+            _compare, pairs[key], epochs[task.name], confidence, bootstrap_samples, seed
+        )
         write_index()
         if on_pair_end is not None:
             on_pair_end(pairs[key])

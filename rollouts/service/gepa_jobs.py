@@ -122,6 +122,7 @@ class GEPAJobs:
         self.owner = f"{socket.gethostname()}-{os.getpid()}-{new_id('srv')}"
         self._wake = trio.Event()
         self._running = 0
+        self._job_ids: set[str] = set()  # the jobs this runner is running
 
     def wake(self) -> None:
         """Look for new jobs now (a job was just stored)."""
@@ -134,9 +135,10 @@ class GEPAJobs:
             while True:
                 await self.store.call(jobs.settle_cancelled)  # (jobs asked to stop whose server is gone)
                 if self._running < self.max_jobs:
-                    job = await self.store.call(jobs.claim_job, self.owner, self.lease_s)
+                    job = await self.store.call(jobs.claim_job, self.owner, self.lease_s, sorted(self._job_ids))
                     if job is not None:
                         self._running += 1
+                        self._job_ids.add(job["job_id"])
                         nursery.start_soon(self._run_job, job)
                         continue
                 with trio.move_on_after(self.poll_s):
@@ -154,6 +156,7 @@ class GEPAJobs:
                 await self.store.call(_cancel_batches, job["workspace_id"], job["job_id"])
         finally:
             self._running -= 1
+            self._job_ids.discard(job["job_id"])
             self._wake.set()
 
     async def _keep_lease(self, job_id: str, scope: trio.CancelScope, cancelled: list[bool]) -> None:

@@ -122,15 +122,22 @@ def settle_cancelled(tx: Tx) -> int:
     return tx.rowcount
 
 
-def claim_job(tx: Tx, owner: str, lease_s: float) -> dict[str, Any] | None:
-    """Take the oldest job that is queued, or running with an expired lease (its server died;
-    never one `owner` runs itself, even if its renewal came late)."""
+def claim_job(tx: Tx, owner: str, lease_s: float, running: Sequence[str] | None = None) -> dict[str, Any] | None:
+    """Take the oldest job that is queued, or running with an expired lease (its server died).
+    Never one `owner` runs itself, even if its renewal came late: with `running` (the ids of the
+    jobs it runs), none of those; without, none leased to `owner`. (`running` lets a server take
+    back a job leased to it that it is not running: a claim whose answer a database outage lost.)"""
     now = tx.dialect.now
+    if running is None:
+        mine, params = "AND (lease_owner IS NULL OR lease_owner <> ?) ", [owner]
+    else:
+        mine = f"AND id NOT IN ({', '.join('?' * len(running))}) " if running else ""
+        params = list(running)
     row = tx.one(
         f"SELECT id FROM gepa_jobs WHERE status IN ('queued', 'running') AND cancel_requested = 0 "
         f"AND (lease_expires_at IS NULL OR lease_expires_at < {now}) "
-        f"AND (lease_owner IS NULL OR lease_owner <> ?) ORDER BY created_at LIMIT 1{tx.dialect.skip_locked}",
-        (owner,),
+        f"{mine}ORDER BY created_at LIMIT 1{tx.dialect.skip_locked}",
+        params,
     )
     if row is None:
         return None

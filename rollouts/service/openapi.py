@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["openapi", "openapi_markdown"]
@@ -335,10 +336,17 @@ def openapi_markdown(doc: dict[str, Any] | None = None) -> str:
             if field in required:
                 notes = f"required. {notes}".strip()
             if s.get("type") == "object" and "properties" in s:
-                notes = (notes + " fields: " + ", ".join(s["properties"])).strip()
+                notes = (notes + " fields: " + "; ".join(_nested(k, v) for k, v in s["properties"].items())).strip()
             out.append(f"| `{field}` | {_type(s)} | {notes} |")
         out.append("")
     return "\n".join(out)
+
+
+def _nested(name: str, schema: Mapping[str, Any]) -> str:
+    """A field of an object field: its name, with its default and description if it has them."""
+    notes = [f"default {json.dumps(schema['default'])}"] if "default" in schema else []
+    notes += [schema["description"]] if schema.get("description") else []
+    return f"{name} ({', '.join(notes)})" if notes else name
 
 
 if __name__ == "__main__":

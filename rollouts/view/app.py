@@ -180,7 +180,13 @@ async def index(ctx: ViewContext, r: Request) -> Response:
     return HTMLResponse(await pages.index_page(ctx.catalog_for(r), ctx.links, _params(r)))
 
 
+def _has_sessions(ctx: ViewContext) -> None:
+    if not ctx.links.show_sessions:
+        raise NotFound("this viewer has no sessions (the rollout service keeps batches, not sessions)")
+
+
 async def sessions(ctx: ViewContext, r: Request) -> Response:
+    _has_sessions(ctx)
     return HTMLResponse(await pages.sessions_page(ctx.catalog_for(r), ctx.links, _params(r)))
 
 
@@ -238,6 +244,7 @@ async def session_text(ctx: ViewContext, r: Request) -> Response:
 
 
 async def api_sessions(ctx: ViewContext, r: Request) -> Response:
+    _has_sessions(ctx)
     p = _params(r)
     q = SessionQuery(text=p.get("q", ""), status=p.get("status", ""), model=p.get("model", ""),
                      tag=pages._pair(p, "tag"), offset=pages.offset_param(p), limit=pages._int(p, "limit", 50))  # fmt: skip

@@ -58,7 +58,11 @@ def environment() -> jinja2.Environment:
     )
     env.filters.update(num=num, money=money, pretty_json=pretty_json, clip=clip, bidi=neutral_bidi)
     env.globals.update(
-        message_parts=message_parts, message_is_error=message_is_error, markdown_html=markdown_html, ansi_html=ansi_html
+        message_parts=message_parts,
+        message_is_error=message_is_error,
+        markdown_html=markdown_html,
+        ansi_html=ansi_html,
+        timeline=timeline,
     )
     return env
 
@@ -132,6 +136,65 @@ def clip(text: str, limit: int = TEXT_SHOWN) -> str:
     if len(text) <= limit:
         return neutral_bidi(text)
     return neutral_bidi(text[:limit]) + f"\n… {len(text) - limit:,} more characters"
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """One step of a sample, in order: a model call (its latency, time to first token, tokens,
+    cost, attempts) or a tool call (its duration, from the timestamps around it), and errors."""
+
+    index: int  # the message it produced
+    kind: str  # "model" | "tool" | "user"
+    what: str
+    latency_s: float | None = None
+    ttft_s: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    attempts: int | None = None
+    finish: str = ""
+    error: bool = False
+
+
+def _seconds_between(start: str | None, end: str | None) -> float | None:
+    from datetime import datetime
+
+    if not start or not end:
+        return None
+    try:
+        return max(0.0, (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds())
+    except ValueError:
+        return None
+
+
+def timeline(trajectory: Any) -> list[TimelineEvent]:
+    """The events of a trajectory (see TimelineEvent); empty without one."""
+    if trajectory is None:
+        return []
+    completions = {c.message_index: c for c in getattr(trajectory, "completions", ())}
+    events: list[TimelineEvent] = []
+    calls: dict[str, tuple[str, str | None]] = {}  # tool call id -> (name, timestamp of the call)
+    for i, m in enumerate(trajectory.messages):
+        if m.role == "assistant":
+            c = completions.get(i)
+            for b in m.blocks:
+                if isinstance(b, ToolCallContent):
+                    calls[b.id] = (b.name, m.timestamp)
+            u = m.usage
+            events.append(TimelineEvent(
+                i, "model", f"{m.provider or (c.provider if c else '')}/{m.model or (c.model if c else '')}".strip("/"),
+                latency_s=c.duration_s if c else None, ttft_s=c.time_to_first_token_s if c else None,
+                input_tokens=u.input_tokens if u else None, output_tokens=u.output_tokens if u else None,
+                cost_usd=u.cost_usd if u else None, attempts=c.attempts if c else None,
+                finish=(c.finish_reason or "") if c else "", error=message_is_error(m),
+            ))  # fmt: skip
+        elif m.role == "tool":
+            name, started = calls.get(m.tool_call_id or "", (str((m.details or {}).get("tool_name") or "tool"), None))
+            events.append(TimelineEvent(i, "tool", neutral_bidi(name), latency_s=_seconds_between(started, m.timestamp),
+                                        error=message_is_error(m)))  # fmt: skip
+        elif m.role == "user" and i > 0:
+            events.append(TimelineEvent(i, "user", "user message"))
+    return events
 
 
 def message_is_error(message: Message) -> bool:
