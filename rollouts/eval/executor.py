@@ -16,6 +16,7 @@ imports the service.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -68,7 +69,10 @@ def with_limiters(config: EvalConfig) -> EvalConfig:
 @dataclass(frozen=True)
 class InProcess:
     """The default executor: each submitted row runs `evaluate_sample` in a task of this trio
-    run, `config.max_concurrent` at once."""
+    run, `config.max_concurrent` at once; with `limiter`, also under that limiter, which other
+    evaluations may share (an eval set's pairs together run at most its total)."""
+
+    limiter: trio.CapacityLimiter | None = None
 
     def prepare(self, config: EvalConfig) -> None:
         """Anything runs in this process."""
@@ -81,12 +85,13 @@ class InProcess:
         async with trio.open_nursery() as nursery:
 
             async def run_one(row: Row, sample_id: str) -> None:
-                try:
-                    sample = await evaluate_sample(row, sample_id, config)
-                except AuthenticationError as e:
-                    fatal.append(e)
-                    nursery.cancel_scope.cancel()
-                    return
+                async with self.limiter if self.limiter is not None else contextlib.nullcontext():
+                    try:
+                        sample = await evaluate_sample(row, sample_id, config)
+                    except AuthenticationError as e:  # every sample would fail alike
+                        fatal.append(e)
+                        nursery.cancel_scope.cancel()
+                        return
                 await record(sample)
 
             async def submit(row: Row, sample_id: str) -> None:

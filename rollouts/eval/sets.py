@@ -38,13 +38,13 @@ import trio
 
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ConfigurationError
-from rollouts.eval.config import Dataset, EvalConfig, Row
+from rollouts.eval.config import Dataset, EvalConfig
 from rollouts.eval.epochs import split_epoch_id
-from rollouts.eval.executor import Feed, Record
+from rollouts.eval.executor import InProcess
 from rollouts.eval.io import SAMPLES_FILE, iter_sample_log, read_json, write_json_atomic
 from rollouts.eval.report import EvalReport
 from rollouts.eval.run import evaluate
-from rollouts.eval.run_sample import error_text, evaluate_sample
+from rollouts.eval.run_sample import error_text
 from rollouts.run_config import RunConfig
 
 __all__ = [
@@ -52,7 +52,6 @@ __all__ = [
     "EvalSetResult",
     "EvalTask",
     "PairResult",
-    "SharedLimit",
     "bootstrap_mean_interval",
     "evaluate_set",
     "model_label",
@@ -183,48 +182,6 @@ def _normal(values: Sequence[float], confidence: float) -> tuple[float, float] |
     return mean - z * sd / math.sqrt(n), mean + z * sd / math.sqrt(n)
 
 
-# ---- one limit for every pair ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SharedLimit:
-    """An executor (rollouts.eval.executor) running samples in this process under a limiter
-    shared with other evaluations: the pairs of a set together run at most its total."""
-
-    limiter: trio.CapacityLimiter
-
-    def prepare(self, config: EvalConfig) -> None:
-        """Anything runs in this process."""
-
-    def capacity(self, config: EvalConfig) -> int:
-        return config.max_concurrent
-
-    async def run(self, config: EvalConfig, feed: Feed, record: Record) -> None:
-        fatal: list[Exception] = []
-        async with trio.open_nursery() as nursery:
-
-            async def run_one(row: Row, sample_id: str) -> None:
-                async with self.limiter:
-                    try:
-                        sample = await evaluate_sample(row, sample_id, config)
-                    except Exception as e:  # an AuthenticationError: every sample would fail alike
-                        fatal.append(e)
-                        nursery.cancel_scope.cancel()
-                        return
-                await record(sample)
-
-            async def submit(row: Row, sample_id: str) -> None:
-                nursery.start_soon(run_one, row, sample_id)
-
-            try:
-                await feed(submit)
-            except Exception as e:
-                fatal.append(e)
-                nursery.cancel_scope.cancel()
-        if fatal:
-            raise fatal[0]
-
-
 # ---- the set -------------------------------------------------------------------------------------
 
 
@@ -315,7 +272,7 @@ async def evaluate_set(
     shared = RunConfig(
         model_limiter=trio.CapacityLimiter(max_concurrent), tool_limiter=trio.CapacityLimiter(max_concurrent)
     )
-    executor = SharedLimit(limiter)
+    executor = InProcess(limiter=limiter)
     pairs: dict[tuple[str, str], PairResult] = {
         (t.name, label): PairResult(t.name, label, f"{t.name}/{_model_dir(label)}", "pending")
         for t in tasks
