@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_training_grpo import PROMPTS, sevens  # (the same prompts and reward as the GRPO tests)
 
 from rollouts.environments.calculator import CalculatorEnvironment
 from rollouts.errors import ConfigurationError
@@ -30,12 +31,6 @@ from rollouts.training import (
 from rollouts.training.tiny import tiny_chat_model
 
 torch.set_num_threads(1)
-PROMPTS = [{"prompt": "say seven"}, {"prompt": "a number?"}, {"prompt": "digits"}]
-
-
-def sevens(sample: Any) -> Score:
-    reply = sample.response
-    return Score((Metric("sevens", reply.count("7") / max(len(reply), 1), weight=1.0),))
 
 
 def _config(out: Path, **changes: Any) -> GRPOConfig:
