@@ -8,6 +8,7 @@ Routes (HTML):  /  /sessions  /sessions/{id}  /sessions/{id}/diff  /evals  /eval
                 /gepa/{run}/candidates/{idx}
 Routes (JSON):  /api/sessions  /api/sessions/{id}  /api/evals  /api/evals/{run}
                 /api/evals/{run}/samples  /api/evals/{run}/samples/{sample id}
+                /api/evals/{run}/sharing (the runs sharing sample ids with it)
                 /api/gepa  /api/gepa/{run}
 Live (SSE):     /live/{session|eval|gepa}/{id}: one `data:` event of JSON numbers each time the
                 item changes, `event: done` when a run has finished (rollouts.view.live).
@@ -214,8 +215,10 @@ async def sample(ctx: ViewContext, r: Request) -> Response:
 
 async def compare(ctx: ViewContext, r: Request) -> Response:
     params = _params(r)
-    if len(r.query_params.getlist("run")) > 0:  # (the runs list's checkboxes: run=A&run=B...)
-        params["runs"] = ",".join(r.query_params.getlist("run"))
+    checked = r.query_params.getlist("run")
+    if checked:  # (the runs list's checkboxes: run=A&run=B..., base= the first one checked)
+        base = params.get("base", "")
+        params["runs"] = ",".join([base] * (base in checked) + [x for x in checked if x != base])
     return HTMLResponse(await pages.compare_page(ctx.catalog_for(r), ctx.links, params))
 
 
@@ -265,6 +268,11 @@ async def api_evals(ctx: ViewContext, r: Request) -> Response:
 
 async def api_eval(ctx: ViewContext, r: Request) -> Response:
     return _json(await ctx.catalog_for(r).get_eval_run(_pp(r, "run_id")))
+
+
+async def api_sharing(ctx: ViewContext, r: Request) -> Response:
+    run_id = _pp(r, "run_id")
+    return _json({"run_id": run_id, "sharing": list(await ctx.catalog_for(r).runs_sharing_samples(run_id))})
 
 
 async def api_samples(ctx: ViewContext, r: Request) -> Response:
@@ -364,6 +372,7 @@ _ROUTES: tuple[tuple[str, Handler], ...] = (
     ("/api/evals", api_evals),
     ("/api/evals/{run_id}", api_eval),
     ("/api/evals/{run_id}/samples", api_samples),
+    ("/api/evals/{run_id}/sharing", api_sharing),
     ("/api/evals/{run_id}/samples/{sample_id:anytext}", api_sample),
     ("/api/gepa", api_gepa_runs),
     ("/api/gepa/{run_id}", api_gepa_run),

@@ -472,6 +472,27 @@ class FilesCatalog:
 
         return await trio.to_thread.run_sync(run)
 
+    async def runs_sharing_samples(self, run_id: str) -> Sequence[str]:
+        src = self._eval(run_id)
+        await self._without_indexer()
+        others = [o for o in self._evals.values() if o.run_id != run_id]
+
+        def shares(db: sqlite3.Connection, other: _EvalSource) -> bool:
+            db.execute("ATTACH DATABASE ? AS other", (str(other.index.db_path),))
+            try:
+                hit = db.execute("SELECT 1 FROM main.samples x JOIN other.samples y ON x.id = y.id LIMIT 1").fetchone()
+            except sqlite3.OperationalError:  # (an index not created yet: nothing shared so far)
+                hit = None
+            finally:
+                db.execute("DETACH DATABASE other")
+            return hit is not None
+
+        def run() -> list[str]:
+            with src.index.read() as db:
+                return [o.run_id for o in others if shares(db, o)]
+
+        return await trio.to_thread.run_sync(run)
+
     # ----------------------------------------------------------------------------------------
     # GEPA
     # ----------------------------------------------------------------------------------------

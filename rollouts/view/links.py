@@ -74,6 +74,10 @@ class ServerLinks:
         """Where the compare form is sent (its fields give the runs)."""
         return self._u("/compare")
 
+    def sharing(self, run_id: str) -> str | None:
+        """JSON: the runs that share sample ids with `run_id` (what the compare form offers)."""
+        return self._u(f"/api/evals/{quote(run_id, safe='')}/sharing")
+
     def compare_runs(self, run_ids: list[str], vs: str, **query: Any) -> str | None:
         """N runs side by side, the first the baseline; the sample table against `vs`."""
         return self._u("/compare" + _query({"runs": ",".join(run_ids), "vs": vs, **query}))
@@ -154,6 +158,9 @@ class BundleLinks:
         return None
 
     def compare_form(self) -> str | None:
+        return None
+
+    def sharing(self, run_id: str) -> str | None:
         return None
 
     def compare_runs(self, run_ids: list[str], vs: str, **query: Any) -> str | None:

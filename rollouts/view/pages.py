@@ -208,7 +208,7 @@ async def eval_run_page(catalog: Catalog, links: Links, run_id: str, params: Par
     detail = await catalog.get_eval_run(run_id)
     q = sample_query(params)
     page = await catalog.list_samples(run_id, q)
-    others = [r for r in await catalog.list_eval_runs() if r.run_id != run_id]
+    others, unrelated = await _comparable(catalog, run_id)
     form = {k: params.get(k, "") for k in _SAMPLE_PARAMS}
     return render(
         "eval_run.html",
@@ -220,11 +220,21 @@ async def eval_run_page(catalog: Catalog, links: Links, run_id: str, params: Par
         q=q,
         form=form,
         others=others,
+        unrelated=unrelated,
         sorts=SAMPLE_SORTS,
         ops=METRIC_OPS,
         live_query={k: v for k, v in params.items() if k in (*_SAMPLE_PARAMS, "page") and v},
         table_query=_table_query(params),
     )
+
+
+async def _comparable(catalog: Catalog, run_id: str, exclude: Sequence[str] = ()) -> tuple[list[EvalRunRow], int]:
+    """The runs worth comparing with `run_id` (they share sample ids with it; none of
+    `exclude`), and how many other runs do not."""
+    sharing = set(await catalog.runs_sharing_samples(run_id))
+    rest = [r for r in await catalog.list_eval_runs() if r.run_id != run_id and r.run_id not in exclude]
+    offered = [r for r in rest if r.run_id in sharing]
+    return offered, len(rest) - len(offered)
 
 
 def _table_query(params: Params) -> dict[str, str]:
@@ -352,8 +362,9 @@ async def compare_page(catalog: Catalog, links: Links, params: Params) -> str:
         c = cmp if other == vs else await catalog.compare_runs(ids[0], other, limit=1)
         runs.append(CompareRun((await catalog.get_eval_run(other)).row, c.shared, c.regressed, c.improved))
     metrics = sorted({name for r in runs for name in r.row.metrics})
+    addable, unrelated = await _comparable(catalog, ids[0], ids) if len(ids) < COMPARE_MAX else ([], 0)
     return render("compare.html", links, title="Compare runs", c=cmp, page_no=page_no, runs=runs, ids=ids, vs=vs,
-                  metrics=metrics)  # fmt: skip
+                  metrics=metrics, addable=addable, unrelated=unrelated)  # fmt: skip
 
 
 async def gepa_runs_page(catalog: Catalog, links: Links, params: Params) -> str:
