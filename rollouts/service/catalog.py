@@ -39,6 +39,8 @@ from rollouts.view.catalog import (
     Comparison,
     EvalRunDetail,
     EvalRunRow,
+    EvalSetDetail,
+    EvalSetRow,
     GepaRunDetail,
     GepaRunRow,
     NotFound,
@@ -591,6 +593,12 @@ class ServiceCatalog:
 
     async def runs_sharing_samples(self, run_id: str) -> Sequence[str]:
         return await self.store.read(_sharing, self.workspace_id, run_id)
+
+    async def list_eval_sets(self) -> Sequence[EvalSetRow]:
+        return ()  # (eval sets are directories of `rollouts eval-set`; the service keeps batches)
+
+    async def get_eval_set(self, set_id: str) -> EvalSetDetail:
+        raise NotFound(f"the service has no eval set {set_id}")
 
     async def list_gepa_runs(self) -> Sequence[GepaRunRow]:
         return await self.store.read(_jobs, self.workspace_id)

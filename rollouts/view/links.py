@@ -82,6 +82,9 @@ class ServerLinks:
         """N runs side by side, the first the baseline; the sample table against `vs`."""
         return self._u("/compare" + _query({"runs": ",".join(run_ids), "vs": vs, **query}))
 
+    def eval_set(self, set_id: str) -> str | None:
+        return self._u(f"/sets/{quote(set_id, safe='')}")
+
     def gepa_runs(self) -> str:
         return self._u("/gepa")
 
@@ -165,6 +168,9 @@ class BundleLinks:
 
     def compare_runs(self, run_ids: list[str], vs: str, **query: Any) -> str | None:
         return None
+
+    def eval_set(self, set_id: str) -> str | None:
+        return self._rel(f"sets/{set_id}.html")
 
     def gepa_runs(self) -> str:
         return self._rel("gepa.html")
