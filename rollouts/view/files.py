@@ -6,7 +6,8 @@
         page = await catalog.list_samples(run_id, SampleQuery(sort="reward"))
 
 Each path may be a session store root (directories named by session id), an eval output
-directory (samples.jsonl, report.json), a GEPA run directory (state.json / result.json), or a
+directory (samples.jsonl, report.json), an eval set (index.json naming its task x model runs,
+which are found where it says), a GEPA run directory (state.json / result.json), or a
 directory holding such directories (searched two levels down). Sessions and samples are served
 from SQLite indexes in `cache_dir` (see rollouts.view._index), so a page never reads a whole
 big file: a sample is read from its byte range, a session's transcript window through the
@@ -38,12 +39,15 @@ from rollouts.store.base import SessionError, is_session_id
 from rollouts.store.files import FileSessionStore, default_sessions_dir
 from rollouts.view._gepa_files import REFLECTIONS_FILE, is_gepa_dir, read_gepa_dir, read_reflections
 from rollouts.view._index import EvalIndex, SessionIndex
+from rollouts.view._set_files import pair_dirs, read_eval_set, read_index
 from rollouts.view._sql import SAMPLE_COLS, SESSION_COLS, files_columns, sample_row, session_row, session_where
 from rollouts.view.catalog import (
     CompareRow,
     Comparison,
     EvalRunDetail,
     EvalRunRow,
+    EvalSetDetail,
+    EvalSetRow,
     GepaRunDetail,
     GepaRunRow,
     NotFound,
@@ -111,6 +115,14 @@ class _GepaSource:
 
 
 @dataclass
+class _SetSource:
+    set_id: str
+    path: Path
+    cache_key: Any = None
+    cached: EvalSetDetail | None = None
+
+
+@dataclass
 class _StoreSource:
     path: Path
     index: SessionIndex
@@ -156,6 +168,7 @@ class FilesCatalog:
         self.refresh_interval = refresh_interval
         self._evals: dict[str, _EvalSource] = {}
         self._gepa: dict[str, _GepaSource] = {}
+        self._sets: dict[str, _SetSource] = {}
         self._stores: dict[Path, _StoreSource] = {}
         self._indexed = trio.Event()  # set after each indexing pass (replaced by a fresh one)
         self._wake = trio.Event()
@@ -188,6 +201,13 @@ class FilesCatalog:
             if rid not in self._evals:
                 idx = EvalIndex(_index_file(self.cache_dir, "eval", path), path / "samples.jsonl")
                 self._evals[rid] = _EvalSource(rid, path, idx)
+            return
+        index = read_index(path) if (path / "index.json").is_file() else None
+        if index is not None:  # an eval set: its pairs' run directories are where its index says
+            rid = _slug(path)
+            self._sets.setdefault(rid, _SetSource(rid, path))
+            for d in pair_dirs(path, index):
+                self._discover(d, 0)
             return
         if is_gepa_dir(path):
             rid = _slug(path)
@@ -471,6 +491,58 @@ class FilesCatalog:
             )
 
         return await trio.to_thread.run_sync(run)
+
+    async def runs_sharing_samples(self, run_id: str) -> Sequence[str]:
+        src = self._eval(run_id)
+        await self._without_indexer()
+        others = [o for o in self._evals.values() if o.run_id != run_id]
+
+        def shares(db: sqlite3.Connection, other: _EvalSource) -> bool:
+            db.execute("ATTACH DATABASE ? AS other", (str(other.index.db_path),))
+            try:
+                hit = db.execute("SELECT 1 FROM main.samples x JOIN other.samples y ON x.id = y.id LIMIT 1").fetchone()
+            except sqlite3.OperationalError:  # (an index not created yet: nothing shared so far)
+                hit = None
+            finally:
+                db.execute("DETACH DATABASE other")
+            return hit is not None
+
+        def run() -> list[str]:
+            with src.index.read() as db:
+                return [o.run_id for o in others if shares(db, o)]
+
+        return await trio.to_thread.run_sync(run)
+
+    # ----------------------------------------------------------------------------------------
+    # eval sets
+    # ----------------------------------------------------------------------------------------
+
+    def _set_detail(self, src: _SetSource) -> EvalSetDetail:
+        key = _stat_key(src.path / "index.json"), len(self._evals)
+        if key != src.cache_key or src.cached is None:
+            src.cached = read_eval_set(src.path, src.set_id, lambda d: _slug(d) if _slug(d) in self._evals else None)
+            src.cache_key = key
+        return src.cached
+
+    async def list_eval_sets(self) -> Sequence[EvalSetRow]:
+        srcs = list(self._sets.values())
+
+        def run() -> list[EvalSetRow]:
+            rows = []
+            for s in srcs:
+                try:
+                    rows.append(self._set_detail(s).row)
+                except NotFound:
+                    rows.append(EvalSetRow(s.set_id, s.path.name, str(s.path)))
+            return rows
+
+        return await trio.to_thread.run_sync(run)
+
+    async def get_eval_set(self, set_id: str) -> EvalSetDetail:
+        src = self._sets.get(set_id)
+        if src is None:
+            raise NotFound(f"no eval set {set_id!r}")
+        return await trio.to_thread.run_sync(self._set_detail, src)
 
     # ----------------------------------------------------------------------------------------
     # GEPA

@@ -74,9 +74,16 @@ class ServerLinks:
         """Where the compare form is sent (its fields give the runs)."""
         return self._u("/compare")
 
+    def sharing(self, run_id: str) -> str | None:
+        """JSON: the runs that share sample ids with `run_id` (what the compare form offers)."""
+        return self._u(f"/api/evals/{quote(run_id, safe='')}/sharing")
+
     def compare_runs(self, run_ids: list[str], vs: str, **query: Any) -> str | None:
         """N runs side by side, the first the baseline; the sample table against `vs`."""
         return self._u("/compare" + _query({"runs": ",".join(run_ids), "vs": vs, **query}))
+
+    def eval_set(self, set_id: str) -> str | None:
+        return self._u(f"/sets/{quote(set_id, safe='')}")
 
     def gepa_runs(self) -> str:
         return self._u("/gepa")
@@ -156,8 +163,14 @@ class BundleLinks:
     def compare_form(self) -> str | None:
         return None
 
+    def sharing(self, run_id: str) -> str | None:
+        return None
+
     def compare_runs(self, run_ids: list[str], vs: str, **query: Any) -> str | None:
         return None
+
+    def eval_set(self, set_id: str) -> str | None:
+        return self._rel(f"sets/{set_id}.html")
 
     def gepa_runs(self) -> str:
         return self._rel("gepa.html")

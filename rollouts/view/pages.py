@@ -26,6 +26,7 @@ from rollouts.view.catalog import (
     SessionQuery,
 )
 from rollouts.view.links import Links
+from rollouts.view.plots import ci_plot
 from rollouts.view.render import (
     best_score_points,
     branch_diff,
@@ -118,7 +119,8 @@ async def index_page(catalog: Catalog, links: Links, params: Params) -> str:
     sessions = await catalog.list_sessions(SessionQuery(limit=10))
     evals = await catalog.list_eval_runs()
     gepa = await catalog.list_gepa_runs()
-    return render("index.html", links, title="rollouts view", sessions=sessions, evals=evals, gepa=gepa)
+    sets = await catalog.list_eval_sets()
+    return render("index.html", links, title="rollouts view", sessions=sessions, evals=evals, gepa=gepa, sets=sets)
 
 
 async def sessions_page(catalog: Catalog, links: Links, params: Params) -> str:
@@ -175,7 +177,8 @@ async def evals_page(catalog: Catalog, links: Links, params: Params) -> str:
     descending = params.get("order", "desc" if sort in ("date", "score", "samples") else "asc") == "desc"
     runs.sort(key=RUN_SORTS[sort], reverse=descending)
     form = {"q": params.get("q", ""), "sort": sort, "order": "desc" if descending else "asc"}
-    return render("evals.html", links, title="Evaluations", runs=runs, form=form)
+    sets = await catalog.list_eval_sets()
+    return render("evals.html", links, title="Evaluations", runs=runs, form=form, sets=sets)
 
 
 def sample_query(params: Params) -> SampleQuery:
@@ -208,7 +211,7 @@ async def eval_run_page(catalog: Catalog, links: Links, run_id: str, params: Par
     detail = await catalog.get_eval_run(run_id)
     q = sample_query(params)
     page = await catalog.list_samples(run_id, q)
-    others = [r for r in await catalog.list_eval_runs() if r.run_id != run_id]
+    others, unrelated = await _comparable(catalog, run_id)
     form = {k: params.get(k, "") for k in _SAMPLE_PARAMS}
     return render(
         "eval_run.html",
@@ -220,11 +223,21 @@ async def eval_run_page(catalog: Catalog, links: Links, run_id: str, params: Par
         q=q,
         form=form,
         others=others,
+        unrelated=unrelated,
         sorts=SAMPLE_SORTS,
         ops=METRIC_OPS,
         live_query={k: v for k, v in params.items() if k in (*_SAMPLE_PARAMS, "page") and v},
         table_query=_table_query(params),
     )
+
+
+async def _comparable(catalog: Catalog, run_id: str, exclude: Sequence[str] = ()) -> tuple[list[EvalRunRow], int]:
+    """The runs worth comparing with `run_id` (they share sample ids with it; none of
+    `exclude`), and how many other runs do not."""
+    sharing = set(await catalog.runs_sharing_samples(run_id))
+    rest = [r for r in await catalog.list_eval_runs() if r.run_id != run_id and r.run_id not in exclude]
+    offered = [r for r in rest if r.run_id in sharing]
+    return offered, len(rest) - len(offered)
 
 
 def _table_query(params: Params) -> dict[str, str]:
@@ -352,8 +365,25 @@ async def compare_page(catalog: Catalog, links: Links, params: Params) -> str:
         c = cmp if other == vs else await catalog.compare_runs(ids[0], other, limit=1)
         runs.append(CompareRun((await catalog.get_eval_run(other)).row, c.shared, c.regressed, c.improved))
     metrics = sorted({name for r in runs for name in r.row.metrics})
+    addable, unrelated = await _comparable(catalog, ids[0], ids) if len(ids) < COMPARE_MAX else ([], 0)
     return render("compare.html", links, title="Compare runs", c=cmp, page_no=page_no, runs=runs, ids=ids, vs=vs,
-                  metrics=metrics)  # fmt: skip
+                  metrics=metrics, addable=addable, unrelated=unrelated)  # fmt: skip
+
+
+async def eval_set_page(catalog: Catalog, links: Links, set_id: str, params: Params) -> str:
+    """An eval set: per task, each model's mean reward with its interval, n, failures, metrics
+    and epoch reducers, linked to the pair's run; the task's runs compared sample by sample."""
+    d = await catalog.get_eval_set(set_id)
+    tasks = []
+    for task, cells in d.by_task():
+        runs = [c.run_id for c in cells if c.run_id is not None]
+        compare = links.compare_runs(runs, runs[1]) if 2 <= len(runs) <= COMPARE_MAX else None
+        tasks.append({
+            "name": task, "cells": cells, "plot": ci_plot(cells, confidence=d.row.confidence), "compare": compare,
+            "metrics": sorted({m for c in cells for m in c.metrics}),
+            "reducers": list(dict.fromkeys(r for c in cells for r in c.epochs)),
+        })  # fmt: skip
+    return render("eval_set.html", links, title=f"Eval set {d.row.name}", d=d, tasks=tasks)
 
 
 async def gepa_runs_page(catalog: Catalog, links: Links, params: Params) -> str:
