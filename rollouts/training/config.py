@@ -58,6 +58,9 @@ class GRPOConfig:
     checkpoint_every: steps between checkpoints (the last step always gets one);
         keep_checkpoints: how many to keep.
     seed: prompt order and sampling seeds.
+    keep_step_samples: also write each step's rollouts (an eval output directory: samples.jsonl,
+        report.json) to `<output_dir>/steps/step_NNNNNN/`, which `rollouts view` links from the
+        step; off by default (the token records make them large). Not part of the resume check.
     """
 
     output_dir: Path
@@ -83,6 +86,7 @@ class GRPOConfig:
     prepare_messages: PrepareMessages = default_prepare_messages
     sample_timeout_s: float | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    keep_step_samples: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_steps", "batch_size", "max_tokens", "max_turns", "checkpoint_every", "keep_checkpoints"):
@@ -118,7 +122,7 @@ class GRPOConfig:
         """What a resumed run must share with the run it continues, by name: every setting but
         num_steps (a run may be extended), output_dir, metadata and the callables (those are
         fingerprinted by identity: see `rollouts.training.checkpoints`)."""
-        skip = ("num_steps", "output_dir", "prepare_messages", "metadata")
+        skip = ("num_steps", "output_dir", "prepare_messages", "metadata", "keep_step_samples")
         return {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in skip}
 
 
