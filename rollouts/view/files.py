@@ -39,9 +39,10 @@ from rollouts.store.base import SessionError, is_session_id
 from rollouts.store.files import FileSessionStore, default_sessions_dir
 from rollouts.view._gepa_files import REFLECTIONS_FILE, is_gepa_dir, read_gepa_dir, read_reflections
 from rollouts.view._index import EvalIndex, SessionIndex
-from rollouts.view._set_files import pair_dirs, read_eval_set, read_index
+from rollouts.view._run_dirs import RunDirs
+from rollouts.view._set_files import pair_dirs, read_index
 from rollouts.view._sql import SAMPLE_COLS, SESSION_COLS, files_columns, sample_row, session_row, session_where
-from rollouts.view._training_files import LOG_FILE, is_training_dir, read_training_run, step_dirs
+from rollouts.view._training_files import LOG_FILE, is_training_dir, step_dirs
 from rollouts.view.catalog import (
     CompareRow,
     Comparison,
@@ -119,22 +120,6 @@ class _GepaSource:
 
 
 @dataclass
-class _SetSource:
-    set_id: str
-    path: Path
-    cache_key: Any = None
-    cached: EvalSetDetail | None = None
-
-
-@dataclass
-class _TrainingSource:
-    run_id: str
-    path: Path
-    cache_key: Any = None
-    cached: TrainingRunDetail | None = None
-
-
-@dataclass
 class _StoreSource:
     path: Path
     index: SessionIndex
@@ -180,8 +165,7 @@ class FilesCatalog:
         self.refresh_interval = refresh_interval
         self._evals: dict[str, _EvalSource] = {}
         self._gepa: dict[str, _GepaSource] = {}
-        self._sets: dict[str, _SetSource] = {}
-        self._training: dict[str, _TrainingSource] = {}
+        self._dirs = RunDirs(self._listed_run_id, lambda: len(self._evals))
         self._stores: dict[Path, _StoreSource] = {}
         self._indexed = trio.Event()  # set after each indexing pass (replaced by a fresh one)
         self._wake = trio.Event()
@@ -217,14 +201,14 @@ class FilesCatalog:
             return
         if (path / LOG_FILE).is_file() and is_training_dir(path):  # a training run, and its steps' samples
             rid = _slug(path)
-            self._training.setdefault(rid, _TrainingSource(rid, path))
+            self._dirs.add_training(rid, path)
             for d in step_dirs(path):
                 self._discover(d, 0, listed=False)
             return
         index = read_index(path) if (path / "index.json").is_file() else None
         if index is not None:  # an eval set: its pairs' run directories are where its index says
             rid = _slug(path)
-            self._sets.setdefault(rid, _SetSource(rid, path))
+            self._dirs.add_set(rid, path)
             for d in pair_dirs(path, index):
                 self._discover(d, 0)
             return
@@ -533,68 +517,25 @@ class FilesCatalog:
         return await trio.to_thread.run_sync(run)
 
     # ----------------------------------------------------------------------------------------
-    # eval sets
+    # eval sets and training runs (rollouts.view._run_dirs)
     # ----------------------------------------------------------------------------------------
 
-    def _set_detail(self, src: _SetSource) -> EvalSetDetail:
-        key = _stat_key(src.path / "index.json"), len(self._evals)
-        if key != src.cache_key or src.cached is None:
-            src.cached = read_eval_set(src.path, src.set_id, lambda d: _slug(d) if _slug(d) in self._evals else None)
-            src.cache_key = key
-        return src.cached
+    def _listed_run_id(self, path: Path) -> str | None:
+        """The id of the eval run at `path` (resolved), if the catalog has it."""
+        rid = _slug(path)
+        return rid if rid in self._evals else None
 
     async def list_eval_sets(self) -> Sequence[EvalSetRow]:
-        srcs = list(self._sets.values())
-
-        def run() -> list[EvalSetRow]:
-            rows = []
-            for s in srcs:
-                try:
-                    rows.append(self._set_detail(s).row)
-                except NotFound:
-                    rows.append(EvalSetRow(s.set_id, s.path.name, str(s.path)))
-            return rows
-
-        return await trio.to_thread.run_sync(run)
+        return await self._dirs.list_eval_sets()
 
     async def get_eval_set(self, set_id: str) -> EvalSetDetail:
-        src = self._sets.get(set_id)
-        if src is None:
-            raise NotFound(f"no eval set {set_id!r}")
-        return await trio.to_thread.run_sync(self._set_detail, src)
-
-    # ----------------------------------------------------------------------------------------
-    # training runs
-    # ----------------------------------------------------------------------------------------
-
-    def _training_detail(self, src: _TrainingSource) -> TrainingRunDetail:
-        key = _stat_key(src.path / LOG_FILE), _stat_key(src.path / "checkpoints"), len(self._evals)
-        if key != src.cache_key or src.cached is None:
-            src.cached = read_training_run(
-                src.path, src.run_id, lambda d: _slug(d) if _slug(d) in self._evals else None
-            )
-            src.cache_key = key
-        return src.cached
+        return await self._dirs.get_eval_set(set_id)
 
     async def list_training_runs(self) -> Sequence[TrainingRunRow]:
-        srcs = list(self._training.values())
-
-        def run() -> list[TrainingRunRow]:
-            rows = []
-            for s in srcs:
-                try:
-                    rows.append(self._training_detail(s).row)
-                except NotFound:
-                    rows.append(TrainingRunRow(s.run_id, s.path.name, str(s.path)))
-            return rows
-
-        return await trio.to_thread.run_sync(run)
+        return await self._dirs.list_training_runs()
 
     async def get_training_run(self, run_id: str) -> TrainingRunDetail:
-        src = self._training.get(run_id)
-        if src is None:
-            raise NotFound(f"no training run {run_id!r}")
-        return await trio.to_thread.run_sync(self._training_detail, src)
+        return await self._dirs.get_training_run(run_id)
 
     # ----------------------------------------------------------------------------------------
     # GEPA
