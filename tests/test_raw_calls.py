@@ -5,6 +5,8 @@ off by default, masked and bounded when on, shown in a sample's timeline."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 
@@ -117,3 +119,6 @@ async def test_the_timeline_shows_raw_calls_collapsed_and_escaped(tmp_path: Path
         page.screenshot(path=tmp_path / "raw.png", full_page=True)
 
     await trio.to_thread.run_sync(_in_browser(drive))
+    keep = os.environ.get("ROLLOUTS_VIEW_SCREENSHOTS")  # (how docs/view-raw-call.png is made)
+    if keep:
+        shutil.copyfile(tmp_path / "raw.png", Path(keep) / "view-raw-call.png")
