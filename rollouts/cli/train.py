@@ -129,6 +129,11 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="recompute layer activations in the backward pass instead of keeping them (less memory, slower)",
     )
+    g.add_argument(
+        "--keep-step-samples",
+        action="store_true",
+        help="also write each step's rollouts to OUTPUT/steps/step_NNNNNN/ (rollouts view links them from the step)",
+    )
     g.set_defaults(func=run_grpo)
     m = algorithms.add_parser(
         "merge",
@@ -256,6 +261,7 @@ def run_grpo(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         gradient_checkpointing=args.gradient_checkpointing,
         prepare_messages=prepare,
+        keep_step_samples=args.keep_step_samples,
     )
     print(f"loading {args.model} ...", file=sys.stderr)
     t0 = time.perf_counter()

@@ -15,9 +15,10 @@ Each step:
 5. appends a line to `<output_dir>/log.jsonl` (reward, loss, KL, entropy — the sampled tokens'
    mean negative log-prob —, grad norm, lr, tokens, seconds) and every `checkpoint_every` steps
    writes a checkpoint (weights, optimizer, RNG, step) to `<output_dir>/checkpoints/step_NNNNNN`,
-   atomically (`rollouts.training.checkpoints`); with `heldout`, every `heldout.every` steps the
-   line also has the policy's greedy reward on rows it never trains on (`heldout_reward`,
-   `rollouts.training.heldout`).
+   atomically (`rollouts.training.checkpoints`); with `keep_step_samples`, the step's rollouts
+   go to `<output_dir>/steps/step_NNNNNN/` (an eval output directory the viewer links from the step);
+   with `heldout`, every `heldout.every` steps the line also has the policy's greedy reward on
+   rows it never trains on (`heldout_reward`, `rollouts.training.heldout`).
 
 Run again with the same `output_dir` and it resumes after the latest checkpoint — if the
 configuration, dataset, score function, environment and starting model are the same (else a
@@ -263,12 +264,25 @@ async def _rollout_batch(run: _Run, step: int) -> list[Sample]:
         provider_error_retries=0,
         show_progress=False,
         eval_name=f"grpo-step-{step}",
+        **_step_samples_dir(config, step),
         on_sample_start=start_sample,
         on_sample_end=end_sample,
     )
     report = await evaluate(rows, eval_config)
     by_id = {s.id: s for s in report.samples}
     return [by_id[row["id"]] for row in rows]
+
+
+STEPS_DIR = "steps"
+
+
+def _step_samples_dir(config: GRPOConfig, step: int) -> dict[str, Any]:
+    """Where the step's rollouts are written (`keep_step_samples`: `steps/step_NNNNNN`, started
+    over when a resumed run runs the step again; the samples stay in memory as without it)."""
+    if not config.keep_step_samples:
+        return {}
+    out = Path(config.output_dir) / STEPS_DIR / f"step_{step:06d}"
+    return {"output_dir": out, "overwrite": True, "keep_samples": True}
 
 
 def _training_batch(config: GRPOConfig, step: int, samples: Sequence[Sample]) -> list[TrainingSample]:
