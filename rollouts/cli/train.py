@@ -3,7 +3,8 @@
 The model runs in process (torch): a packaged model name (`smollm2-135m`), a `.gguf` file or a
 directory saved with `save_pretrained`. Each step samples `--group` completions for each of
 `--batch-size` prompts through the agent loop (with `--env` tools if given), scores them with
-`--score`, and takes one policy-gradient step. `DIR/log.jsonl` gets a line per step,
+`--score`, and takes one policy-gradient step (by default the next step's rollouts are generated
+while a step trains: `--max-policy-lag`). `DIR/log.jsonl` gets a line per step,
 `DIR/checkpoints/` a checkpoint every `--checkpoint-every` steps and at the end, and `DIR/final/`
 the trained weights (loadable as `--model DIR/final` or `Endpoint("transformers", "DIR/final")`;
 with `--lora-r` the LoRA adapters alone, which load the same way, merged into the base model they
@@ -129,6 +130,14 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="recompute layer activations in the backward pass instead of keeping them (less memory, slower)",
     )
+    g.add_argument(
+        "--max-policy-lag",
+        type=int,
+        default=1,
+        metavar="N",
+        help="generate step k+1's rollouts while step k trains (1, the default; the trainer's weights are "
+        "copied for generation) or strictly alternate (0)",
+    )
     g.set_defaults(func=run_grpo)
     m = algorithms.add_parser(
         "merge",
@@ -200,6 +209,8 @@ def run_grpo(args: argparse.Namespace) -> int:
         raise CLIError("--max-failed-fraction must be at least 0 and below 1")
     if args.warmup_steps < 0:
         raise CLIError("--warmup-steps must be at least 0")
+    if args.max_policy_lag < 0:
+        raise CLIError("--max-policy-lag must be at least 0 (0: generation and training strictly alternate)")
     if args.lora_r < 0 or not args.lora_alpha > 0:
         raise CLIError("--lora-r must be at least 0 (0: no LoRA) and --lora-alpha above 0")
     targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
@@ -255,6 +266,7 @@ def run_grpo(args: argparse.Namespace) -> int:
         lora_targets=targets,
         dtype=args.dtype,
         gradient_checkpointing=args.gradient_checkpointing,
+        max_policy_lag=args.max_policy_lag,
         prepare_messages=prepare,
     )
     print(f"loading {args.model} ...", file=sys.stderr)

@@ -8,6 +8,7 @@ Install with `pip install torch==2.13.0 'rollouts[train]'` (the CPU build of tor
 Modules: `config` (GRPOConfig, the learning-rate schedule), `sample` (TrainingSample,
 advantages), `grpo` (the loop), `checkpoints` (checkpoints and what a resume must share),
 `backends` (the TrainingBackend / InferenceBackend protocols, in-process and served policies),
+`overlap` (rollouts generated while the previous step trains: `max_policy_lag`),
 `torch_backend` (TorchBackend), `lora` (LoRA adapters through peft, bf16, gradient
 checkpointing), `tiny` (a tiny test model). Packaged model files live in
 `rollouts.local_model.packaged`.
@@ -35,9 +36,12 @@ def local_policy(
     given gradient checkpointing and wrapped with LoRA adapters as the config says
     (`rollouts.training.lora.prepare_model`; `backend.model` is then the peft model). When
     `config.kl_coef > 0` the reference is a frozen copy of the start — or, with LoRA, the same
-    model with its adapters disabled."""
+    model with its adapters disabled. With `config.max_policy_lag > 0` the policy generates from
+    a copy of the trained weights (`InProcessPolicy(snapshot=True)`), so rollouts can be
+    generated while the trainer steps."""
     model = prepare_model(model, config)
-    policy = InProcessPolicy(name, model, tokenizer, max_batch_size=max_batch_size)
+    overlapped = config.max_policy_lag > 0  # generation from a copy of the weights (training.overlap)
+    policy = InProcessPolicy(name, model, tokenizer, max_batch_size=max_batch_size, snapshot=overlapped)
     reference = None
     if config.kl_coef > 0 and not config.lora_r:
         reference = copy.deepcopy(model).eval()
@@ -52,7 +56,7 @@ def local_policy(
         loss_normalization=config.loss_normalization,
         reference_model=reference,
         temperature=config.temperature,
-        weights_lock=policy.weights_lock,
+        weights_lock=None if overlapped else policy.weights_lock,
         pad_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id),
     )
     return backend, policy

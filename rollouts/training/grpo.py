@@ -11,9 +11,13 @@ Each step:
    with nothing to train on — stop the run with a `TrainingError` naming the first;
 3. turns them into `TrainingSample`s with group-normalised advantages (`scale_rewards`);
 4. calls `TrainingBackend.train_step(batch, lr)` at the step's scheduled learning rate, then
-   `InferenceBackend.sync` so the next rollouts use the new weights;
+   `InferenceBackend.sync` so the next rollouts use the new weights — or, with
+   `max_policy_lag >= 1` (the default), starts step k + 1's rollouts before step k trains, so
+   they are generated meanwhile by the policy one step older (`rollouts.training.overlap`:
+   when, and why resumes stay exact);
 5. appends a line to `<output_dir>/log.jsonl` (reward, loss, KL, entropy — the sampled tokens'
-   mean negative log-prob —, grad norm, lr, tokens, seconds) and every `checkpoint_every` steps
+   mean negative log-prob —, grad norm, lr, tokens, seconds, the `policy_version` that
+   generated the step's rollouts and its `policy_lag`) and every `checkpoint_every` steps
    writes a checkpoint (weights, optimizer, RNG, step) to `<output_dir>/checkpoints/step_NNNNNN`,
    atomically (`rollouts.training.checkpoints`).
 
@@ -33,7 +37,7 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +59,7 @@ from rollouts.training.checkpoints import (
     write_checkpoint,
 )
 from rollouts.training.config import GRPOConfig, learning_rate
+from rollouts.training.overlap import open_rollout_scheduler, overlaps_after
 from rollouts.training.sample import TrainingSample, with_group_advantages
 
 LOG_FILE = "log.jsonl"
@@ -79,6 +84,8 @@ class StepResult:
     rollout_seconds: float
     train_seconds: float
     model_tokens: int
+    generation_seconds: float = 0.0
+    policy_version: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +100,9 @@ class StepResult:
             "train_seconds": self.train_seconds,
             "model_tokens": self.model_tokens,
             "tokens_per_s": self.model_tokens / self.seconds if self.seconds > 0 else 0.0,
+            "generation_seconds": self.generation_seconds,
+            "policy_version": self.policy_version,
+            "policy_lag": self.step - self.policy_version,
         }
 
 
@@ -155,6 +165,12 @@ async def grpo_train(
     for i, p in enumerate(prompts):
         if not isinstance(p, Mapping):
             raise ConfigurationError(f"grpo_train: prompt {i} is a {type(p).__name__}; every prompt must be a dict")
+    if config.max_policy_lag > 0 and getattr(inference, "shares_trainer_weights", False):
+        raise ConfigurationError(
+            f"grpo_train: max_policy_lag={config.max_policy_lag} generates rollouts while the trainer changes the "
+            "weights, but this in-process policy samples from the trainer's own module; build it with "
+            "InProcessPolicy(..., snapshot=True) (local_policy does when max_policy_lag > 0) or set max_policy_lag=0"
+        )
     _make_dir(Path(config.output_dir))
     # the starting model's identity, before any checkpoint is loaded into it
     identity = await trio.to_thread.run_sync(backend.model_identity)
@@ -193,21 +209,44 @@ async def _train(run: _Run, on_step: OnStep | None) -> GRPOResult:
     start = 0 if resumed is None else resumed + 1
     truncate_log(out / LOG_FILE, start - 1)
     results: list[StepResult] = []
-    for step in range(start, config.num_steps):
-        t0 = time.perf_counter()
-        samples = await _rollout_batch(run, step)
-        t_rollout = time.perf_counter()
-        batch = _training_batch(run.config, step, samples)
-        metrics = await run.backend.train_step(batch, learning_rate(config, step))
-        await run.inference.sync(run.backend, step)
-        result = _step_result(step, batch, metrics, t0, t_rollout, time.perf_counter())
-        _append_line(out / LOG_FILE, json.dumps(result.to_dict()))
-        if (step + 1) % config.checkpoint_every == 0 or step == config.num_steps - 1:
-            with trio.CancelScope(shield=True):
-                await write_checkpoint(config, run.backend, step, run.fingerprint)
-        results.append(result)
-        if on_step is not None:
-            await maybe_await(on_step(result))
+    version = served = start  # training steps applied to the trainer's / the served weights
+
+    async def generate(step: int) -> list[Sample]:
+        return await _rollout_batch(run, step)
+
+    async with open_rollout_scheduler(generate) as rollouts:
+        for step in range(start, config.num_steps):
+            t0 = time.perf_counter()
+            generated = await rollouts.take(step, version)
+            t_rollout = time.perf_counter()
+            if not 0 <= step - generated.version <= config.max_policy_lag:
+                raise AssertionError(f"step {step}: rollouts of policy version {generated.version} exceed the lag")
+            batch = _training_batch(run.config, step, generated.result, generated.version)
+            ahead = overlaps_after(
+                step,
+                num_steps=config.num_steps,
+                checkpoint_every=config.checkpoint_every,
+                max_policy_lag=config.max_policy_lag,
+            )
+            if ahead:  # step + 1's rollouts are generated while this step trains (rollouts.overlap)
+                if served != version:
+                    await run.inference.sync(run.backend, version - 1)
+                    served = version
+                rollouts.start_ahead(step + 1, version)
+            metrics = await run.backend.train_step(batch, learning_rate(config, step))
+            version += 1
+            if not ahead:
+                await run.inference.sync(run.backend, step)
+                served = version
+            timing = _Timing(t0, t_rollout, time.perf_counter(), generated.seconds)
+            result = _step_result(step, batch, metrics, timing, generated.version)
+            _append_line(out / LOG_FILE, json.dumps(result.to_dict()))
+            if (step + 1) % config.checkpoint_every == 0 or step == config.num_steps - 1:
+                with trio.CancelScope(shield=True):
+                    await write_checkpoint(config, run.backend, step, run.fingerprint)
+            results.append(result)
+            if on_step is not None:
+                await maybe_await(on_step(result))
     return GRPOResult(tuple(results), resumed, out)
 
 
@@ -261,11 +300,15 @@ async def _rollout_batch(run: _Run, step: int) -> list[Sample]:
     return [by_id[row["id"]] for row in rows]
 
 
-def _training_batch(config: GRPOConfig, step: int, samples: Sequence[Sample]) -> list[TrainingSample]:
-    """The step's training samples with advantages; TrainingError when more rollouts failed than
-    `max_failed_fraction` allows, or none can be trained on."""
+def _training_batch(
+    config: GRPOConfig, step: int, samples: Sequence[Sample], policy_version: int
+) -> list[TrainingSample]:
+    """The step's training samples with advantages, each recording the `policy_version` that
+    generated it; TrainingError when more rollouts failed than `max_failed_fraction` allows, or
+    none can be trained on."""
     group_size = config.n_samples_per_prompt
     batch = [TrainingSample.from_eval_sample(s, group_index=i // group_size) for i, s in enumerate(samples)]
+    batch = [replace(t, metadata={**t.metadata, "policy_version": policy_version}) for t in batch]
     failed = [s for s, t in zip(samples, batch, strict=True) if not t.tokens]
     if failed and (len(failed) == len(batch) or len(failed) / len(batch) > config.max_failed_fraction):
         first = failed[0]
@@ -278,10 +321,19 @@ def _training_batch(config: GRPOConfig, step: int, samples: Sequence[Sample]) ->
     return with_group_advantages(batch, scale_rewards=config.scale_rewards)
 
 
+@dataclass(frozen=True)
+class _Timing:
+    start: float
+    rollouts_in: float
+    end: float
+    generation_seconds: float
+
+
 def _step_result(
-    step: int, batch: Sequence[TrainingSample], metrics: Mapping[str, float], t0: float, t_rollout: float, t_end: float
+    step: int, batch: Sequence[TrainingSample], metrics: Mapping[str, float], timing: _Timing, policy_version: int
 ) -> StepResult:
-    """The step's record: the backend's metrics plus rewards, entropy, failures and timings."""
+    """The step's record: the backend's metrics plus rewards, entropy, failures, timings and
+    the policy version that generated the rollouts."""
     sampled = [lp for s in batch for lp, m in zip(s.rollout_logprobs, s.loss_mask, strict=True) if m]
     # the mean negative log-prob of the sampled tokens: a Monte Carlo estimate of the policy's entropy
     entropy = -sum(sampled) / len(sampled) if sampled else 0.0
@@ -296,8 +348,10 @@ def _step_result(
         metrics={**metrics, "entropy": entropy},
         samples=len(batch),
         failed=len(batch) - len(trained),
-        seconds=t_end - t0,
-        rollout_seconds=t_rollout - t0,
-        train_seconds=t_end - t_rollout,
+        seconds=timing.end - timing.start,
+        rollout_seconds=timing.rollouts_in - timing.start,
+        train_seconds=timing.end - timing.rollouts_in,
         model_tokens=sum(s.num_model_tokens for s in batch),
+        generation_seconds=timing.generation_seconds,
+        policy_version=policy_version,
     )
