@@ -138,6 +138,11 @@ def add_parser(sub: Any) -> None:
         help="generate step k+1's rollouts while step k trains (1, the default; the trainer's weights are "
         "copied for generation) or strictly alternate (0)",
     )
+    g.add_argument(
+        "--keep-step-samples",
+        action="store_true",
+        help="also write each step's rollouts to OUTPUT/steps/step_NNNNNN/ (rollouts view links them from the step)",
+    )
     g.set_defaults(func=run_grpo)
     m = algorithms.add_parser(
         "merge",
@@ -268,6 +273,7 @@ def run_grpo(args: argparse.Namespace) -> int:
         gradient_checkpointing=args.gradient_checkpointing,
         max_policy_lag=args.max_policy_lag,
         prepare_messages=prepare,
+        keep_step_samples=args.keep_step_samples,
     )
     print(f"loading {args.model} ...", file=sys.stderr)
     t0 = time.perf_counter()

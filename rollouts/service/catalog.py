@@ -51,6 +51,8 @@ from rollouts.view.catalog import (
     SessionDetail,
     SessionQuery,
     SessionRow,
+    TrainingRunDetail,
+    TrainingRunRow,
     clamp_page,
 )
 from rollouts.view.sql import SampleColumns, compile_compare, compile_samples
@@ -599,6 +601,12 @@ class ServiceCatalog:
 
     async def get_eval_set(self, set_id: str) -> EvalSetDetail:
         raise NotFound(f"the service has no eval set {set_id}")
+
+    async def list_training_runs(self) -> Sequence[TrainingRunRow]:
+        return ()  # (training runs are directories of `rollouts train`)
+
+    async def get_training_run(self, run_id: str) -> TrainingRunDetail:
+        raise NotFound(f"the service has no training run {run_id}")
 
     async def list_gepa_runs(self) -> Sequence[GepaRunRow]:
         return await self.store.read(_jobs, self.workspace_id)

@@ -76,6 +76,9 @@ class GRPOConfig:
         clipped ratio uses the sampler's stored log-probs, so the update stays the correct
         off-policy one); checkpoint steps drain, so resumes stay exact
         (`rollouts.training.overlap`). Larger values are accepted; the lag never exceeds 1.
+    keep_step_samples: also write each step's rollouts (an eval output directory: samples.jsonl,
+        report.json) to `<output_dir>/steps/step_NNNNNN/`, which `rollouts view` links from the
+        step; off by default (the token records make them large). Not part of the resume check.
     """
 
     output_dir: Path
@@ -107,6 +110,7 @@ class GRPOConfig:
     prepare_messages: PrepareMessages = default_prepare_messages
     sample_timeout_s: float | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    keep_step_samples: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_steps", "batch_size", "max_tokens", "max_turns", "checkpoint_every", "keep_checkpoints"):
@@ -154,10 +158,12 @@ class GRPOConfig:
     def settings(self) -> dict[str, Any]:
         """What a resumed run must share with the run it continues, by name: every setting but
         num_steps (a run may be extended), output_dir, metadata, gradient_checkpointing (memory
-        only) and the callables (those are fingerprinted by identity: see
+        only), keep_step_samples (what is written, not what is trained) and the callables (those
+        are fingerprinted by identity: see
         `rollouts.training.checkpoints`). The LoRA settings are left out when LoRA is off, and
         dtype when it is fp32, so runs checkpointed before those settings existed still resume."""
         skip = {"num_steps", "output_dir", "prepare_messages", "metadata", "gradient_checkpointing"}
+        skip.add("keep_step_samples")
         if self.lora_r == 0:
             skip |= {"lora_r", "lora_alpha", "lora_targets"}
         if self.dtype == "fp32":

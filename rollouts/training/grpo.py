@@ -19,7 +19,8 @@ Each step:
    mean negative log-prob —, grad norm, lr, tokens, seconds, the `policy_version` that
    generated the step's rollouts and its `policy_lag`) and every `checkpoint_every` steps
    writes a checkpoint (weights, optimizer, RNG, step) to `<output_dir>/checkpoints/step_NNNNNN`,
-   atomically (`rollouts.training.checkpoints`).
+   atomically (`rollouts.training.checkpoints`); with `keep_step_samples`, the step's rollouts
+   go to `<output_dir>/steps/step_NNNNNN/` (an eval output directory the viewer links from the step).
 
 Run again with the same `output_dir` and it resumes after the latest checkpoint — if the
 configuration, dataset, score function, environment and starting model are the same (else a
@@ -292,12 +293,25 @@ async def _rollout_batch(run: _Run, step: int) -> list[Sample]:
         provider_error_retries=0,
         show_progress=False,
         eval_name=f"grpo-step-{step}",
+        **_step_samples_dir(config, step),
         on_sample_start=start_sample,
         on_sample_end=end_sample,
     )
     report = await evaluate(rows, eval_config)
     by_id = {s.id: s for s in report.samples}
     return [by_id[row["id"]] for row in rows]
+
+
+STEPS_DIR = "steps"
+
+
+def _step_samples_dir(config: GRPOConfig, step: int) -> dict[str, Any]:
+    """Where the step's rollouts are written (`keep_step_samples`: `steps/step_NNNNNN`, started
+    over when a resumed run runs the step again; the samples stay in memory as without it)."""
+    if not config.keep_step_samples:
+        return {}
+    out = Path(config.output_dir) / STEPS_DIR / f"step_{step:06d}"
+    return {"output_dir": out, "overwrite": True, "keep_samples": True}
 
 
 def _training_batch(

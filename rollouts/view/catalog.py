@@ -277,6 +277,46 @@ class EvalSetDetail:
 
 
 # --------------------------------------------------------------------------------------------
+# training runs (rollouts.training.grpo: <output_dir>/log.jsonl, checkpoints/, steps/)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainingStep:
+    """One line of a training log: its numbers by name, and the eval run holding the step's
+    rollouts when the run kept them (`GRPOConfig.keep_step_samples`)."""
+
+    step: int
+    values: Mapping[str, float]
+    samples_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainingRunRow:
+    run_id: str
+    name: str
+    location: str
+    steps: int = 0
+    last_step: int | None = None
+    reward_first: float | None = None
+    reward_last: float | None = None
+    heldout_last: float | None = None
+    checkpoints: int = 0
+    updated_at: str = ""
+
+
+@dataclass(frozen=True)
+class TrainingRunDetail:
+    row: TrainingRunRow
+    steps: tuple[TrainingStep, ...]
+    keys: tuple[str, ...]  # every number a step of the log has, in first-seen order
+
+    def series(self, key: str) -> list[tuple[float, float]]:
+        """(step, value) of every step that has `key`."""
+        return [(float(s.step), s.values[key]) for s in self.steps if key in s.values]
+
+
+# --------------------------------------------------------------------------------------------
 # GEPA
 # --------------------------------------------------------------------------------------------
 
@@ -352,6 +392,10 @@ class Catalog(Protocol):
     async def list_eval_sets(self) -> Sequence[EvalSetRow]: ...
 
     async def get_eval_set(self, set_id: str) -> EvalSetDetail: ...
+
+    async def list_training_runs(self) -> Sequence[TrainingRunRow]: ...
+
+    async def get_training_run(self, run_id: str) -> TrainingRunDetail: ...
 
     async def list_gepa_runs(self) -> Sequence[GepaRunRow]: ...
 

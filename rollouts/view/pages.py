@@ -26,7 +26,7 @@ from rollouts.view.catalog import (
     SessionQuery,
 )
 from rollouts.view.links import Links
-from rollouts.view.plots import ci_plot
+from rollouts.view.plots import ci_plot, line_plot
 from rollouts.view.render import (
     best_score_points,
     branch_diff,
@@ -120,7 +120,9 @@ async def index_page(catalog: Catalog, links: Links, params: Params) -> str:
     evals = await catalog.list_eval_runs()
     gepa = await catalog.list_gepa_runs()
     sets = await catalog.list_eval_sets()
-    return render("index.html", links, title="rollouts view", sessions=sessions, evals=evals, gepa=gepa, sets=sets)
+    training = await catalog.list_training_runs() if links.show_training else ()
+    return render("index.html", links, title="rollouts view", sessions=sessions, evals=evals, gepa=gepa, sets=sets,
+                  training=training)  # fmt: skip
 
 
 async def sessions_page(catalog: Catalog, links: Links, params: Params) -> str:
@@ -384,6 +386,42 @@ async def eval_set_page(catalog: Catalog, links: Links, set_id: str, params: Par
             "reducers": list(dict.fromkeys(r for c in cells for r in c.epochs)),
         })  # fmt: skip
     return render("eval_set.html", links, title=f"Eval set {d.row.name}", d=d, tasks=tasks)
+
+
+async def training_runs_page(catalog: Catalog, links: Links, params: Params) -> str:
+    runs = await catalog.list_training_runs()
+    return render("training_runs.html", links, title="Training runs", runs=runs)
+
+
+# (log key, title) of the curves a training run's page draws, in this order
+TRAINING_CURVES = (("reward_mean", "reward"), ("heldout_reward", "held-out reward"), ("kl", "KL"),
+                   ("loss", "loss"), ("seconds", "seconds per step"))  # fmt: skip
+MORE_CURVES = (("entropy", "entropy"), ("grad_norm", "gradient norm"), ("lr", "learning rate"),
+               ("reward_std", "reward std"), ("tokens_per_s", "tokens per second"))  # fmt: skip
+TRAINING_STEPS_PAGE = 100
+
+
+async def training_run_page(catalog: Catalog, links: Links, run_id: str, params: Params) -> str:
+    """A training run: its curves (drawn here as SVG; a step's dot links to its rollouts when
+    the run kept them) and its steps, newest first, each linked to its rollouts."""
+    d = await catalog.get_training_run(run_id)
+    hrefs = {
+        float(s.step): links.eval_run(s.samples_run_id) for s in d.steps if s.samples_run_id is not None
+    }  # fmt: skip
+
+    def curve(key: str, title: str) -> Any:
+        return line_plot(d.series(key), title=title, hrefs=hrefs)
+
+    curves = [curve(k, t) for k, t in TRAINING_CURVES]
+    more = [curve(k, t) for k, t in MORE_CURVES if k in d.keys]
+    page_no = _page_number(params)
+    newest = list(reversed(d.steps))
+    shown = newest[(page_no - 1) * TRAINING_STEPS_PAGE : page_no * TRAINING_STEPS_PAGE]
+    columns = [k for k in ("reward_mean", "heldout_reward", "kl", "loss", "entropy", "grad_norm", "lr", "seconds",
+                           "failed") if k in d.keys]  # fmt: skip
+    return render("training_run.html", links, title=f"Training {d.row.name}", d=d, curves=curves, more=more,
+                  steps=shown, columns=columns, page_no=page_no,
+                  has_next=page_no * TRAINING_STEPS_PAGE < len(newest), has_heldout="heldout_reward" in d.keys)  # fmt: skip
 
 
 async def gepa_runs_page(catalog: Catalog, links: Links, params: Params) -> str:

@@ -5,14 +5,17 @@ training run's curves. Every text is escaped; sizes are SVG attributes (no inlin
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from markupsafe import Markup, escape
 
 from rollouts.view.catalog import EvalSetCell
 
-__all__ = ["ci_plot", "line_plot"]
+__all__ = ["DOTS_MAX", "POINTS_MAX", "ci_plot", "line_plot"]
+
+POINTS_MAX = 1000  # a curve's points past this are thinned (so a page stays small however long the run)
+DOTS_MAX = 300  # a curve with more points than this draws its line only (no dot per step)
 
 
 def _axis(values: Sequence[float]) -> tuple[float, float]:
@@ -79,16 +82,22 @@ def line_plot(
     width: int = 420,
     height: int = 180,
     href: str | None = None,
+    hrefs: Mapping[float, str | None] | None = None,
 ) -> Markup:
     """One curve (`points` as (x, y), non-finite y left out) with its title, as inline SVG;
-    `href` links the title."""
+    `href` links the title, `hrefs[x]` the point at x."""
     pts = [(x, y) for x, y in points if math.isfinite(x) and math.isfinite(y)]
     head = escape(title)
     if not pts:
-        return Markup(
-            '<figure class="curve"><figcaption>{}</figcaption><p class="muted">no values</p></figure>'
-        ).format(head)
-    pad_l, pad_r, pad_t, pad_b = 52, 10, 8, 26
+        empty = Markup(
+            '<svg class="plot curve-plot empty" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
+            'aria-label="{t}: no values"><text x="{cx}" y="{cy}" text-anchor="middle">no values</text></svg>'
+        ).format(w=width, h=height, t=head, cx=width // 2, cy=height // 2)
+        return Markup('<figure class="curve"><figcaption>{}</figcaption>{}</figure>').format(head, empty)
+    if len(pts) > POINTS_MAX:  # (a long run: every k-th step, and the last; the table has them all)
+        k = math.ceil(len(pts) / POINTS_MAX)
+        pts = pts[::k] if (len(pts) - 1) % k == 0 else [*pts[::k], pts[-1]]
+    pad_l, pad_r, pad_t, pad_b = 64, 10, 8, 26
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
     x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
     y0, y1 = min(ys), max(ys)
@@ -103,9 +112,14 @@ def line_plot(
         return pad_t + ih - (y - y0) / (y1 - y0) * ih
 
     path = "M" + "L".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-    dots = "".join(
-        f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2"><title>{x:g}: {y:.4g}</title></circle>' for x, y in pts
-    )
+    links = hrefs or {}
+
+    def dot(x: float, y: float) -> str:
+        circle = f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5"><title>{x:g}: {y:.4g}</title></circle>'
+        link = links.get(x)
+        return str(Markup('<a href="{}">{}</a>').format(link, Markup(circle))) if link else circle
+
+    dots = "".join(dot(x, y) for x, y in pts) if len(pts) <= DOTS_MAX else ""
     yticks = "".join(
         f'<text x="{pad_l - 6}" y="{sy(v) + 4:.1f}" text-anchor="end">{v:.3g}</text>'
         f'<line x1="{pad_l}" x2="{width - pad_r}" y1="{sy(v):.1f}" y2="{sy(v):.1f}" class="grid"/>'
