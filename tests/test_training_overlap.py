@@ -21,7 +21,16 @@ from test_training_served import ServedTinyModel
 from rollouts.errors import ConfigurationError
 from rollouts.eval.sample import Score
 from rollouts.testing import open_fake_server
-from rollouts.training import GRPOConfig, InProcessPolicy, ServedPolicy, TorchBackend, grpo_train, local_policy
+from rollouts.training import (
+    GRPOConfig,
+    HeldOut,
+    InProcessPolicy,
+    ServedPolicy,
+    TorchBackend,
+    evaluate_heldout,
+    grpo_train,
+    local_policy,
+)
 from rollouts.training.grpo import _rollout_batch, _Run, _training_batch
 from rollouts.training.overlap import overlaps_after
 from rollouts.training.tiny import tiny_chat_model
@@ -252,3 +261,17 @@ async def test_lag1_with_a_served_policy_reloads_only_between_generations(tmp_pa
     served = server.model.state_dict()
     for name, tensor in trainer_model.state_dict().items():
         assert torch.equal(served[name], tensor), name
+
+
+async def test_lag1_drains_before_a_heldout_evaluation_which_sees_that_steps_weights(tmp_path: Path) -> None:
+    model, tokenizer = tiny_chat_model(seed=0)
+    config = _config(tmp_path, num_steps=5, max_policy_lag=1, kl_coef=0.0)
+    backend, policy = local_policy(model, tokenizer, config, name="lag1-heldout")
+    heldout = HeldOut([{"prompt": "seven please"}, {"prompt": "one digit"}], sevens, every=2)
+    result = await grpo_train(config, PROMPTS, sevens, backend=backend, inference=policy, heldout=heldout)
+    # held out after steps 1, 3 and the last: none of those generates the next step ahead
+    assert [s.step for s in result.steps if "heldout_reward" in s.metrics] == [1, 3, 4]
+    assert [s.policy_version for s in result.steps] == [0, 0, 2, 2, 4]
+    # the last figure is the trained policy's (the generation copy was synced before it)
+    again = await evaluate_heldout(heldout, policy, config)
+    assert result.steps[-1].metrics["heldout_reward"] == pytest.approx(again.reward)

@@ -20,7 +20,9 @@ Each step:
    generated the step's rollouts and its `policy_lag`) and every `checkpoint_every` steps
    writes a checkpoint (weights, optimizer, RNG, step) to `<output_dir>/checkpoints/step_NNNNNN`,
    atomically (`rollouts.training.checkpoints`); with `keep_step_samples`, the step's rollouts
-   go to `<output_dir>/steps/step_NNNNNN/` (an eval output directory the viewer links from the step).
+   go to `<output_dir>/steps/step_NNNNNN/` (an eval output directory the viewer links from the step);
+   with `heldout`, every `heldout.every` steps the line also has the policy's greedy reward on
+   rows it never trains on (`heldout_reward`, `rollouts.training.heldout`).
 
 Run again with the same `output_dir` and it resumes after the latest checkpoint — if the
 configuration, dataset, score function, environment and starting model are the same (else a
@@ -60,6 +62,7 @@ from rollouts.training.checkpoints import (
     write_checkpoint,
 )
 from rollouts.training.config import GRPOConfig, learning_rate
+from rollouts.training.heldout import HeldOut, heldout_metrics
 from rollouts.training.overlap import open_rollout_scheduler, overlaps_after
 from rollouts.training.sample import TrainingSample, with_group_advantages
 
@@ -158,9 +161,12 @@ async def grpo_train(
     backend: TrainingBackend,
     inference: InferenceBackend,
     on_step: OnStep | None = None,
+    heldout: HeldOut | None = None,
 ) -> GRPOResult:
     """Run GRPO (see the module docstring); resumes from `config.output_dir` if it holds a
-    checkpoint of the same configuration."""
+    checkpoint of the same configuration. `heldout`: rows evaluated greedily every
+    `heldout.every` steps, written to the log as `heldout_reward` (not part of what a resume
+    must share: it changes no weight)."""
     if not prompts:
         raise ConfigurationError("grpo_train: no prompts")
     for i, p in enumerate(prompts):
@@ -183,6 +189,7 @@ async def grpo_train(
         backend,
         inference,
         RunFingerprint.of(config, prompts, score_fn, environment_factory, identity),
+        heldout,
     )
     await backend.initialize()
     try:
@@ -201,6 +208,7 @@ class _Run:
     backend: TrainingBackend
     inference: InferenceBackend
     fingerprint: RunFingerprint
+    heldout: HeldOut | None = None
 
 
 async def _train(run: _Run, on_step: OnStep | None) -> GRPOResult:
@@ -228,6 +236,7 @@ async def _train(run: _Run, on_step: OnStep | None) -> GRPOResult:
                 num_steps=config.num_steps,
                 checkpoint_every=config.checkpoint_every,
                 max_policy_lag=config.max_policy_lag,
+                heldout_every=run.heldout.every if run.heldout is not None else None,
             )
             if ahead:  # step + 1's rollouts are generated while this step trains (rollouts.overlap)
                 if served != version:
@@ -241,6 +250,8 @@ async def _train(run: _Run, on_step: OnStep | None) -> GRPOResult:
                 served = version
             timing = _Timing(t0, t_rollout, time.perf_counter(), generated.seconds)
             result = _step_result(step, batch, metrics, timing, generated.version)
+            extra = await heldout_metrics(run.heldout, step, run.inference, config, run.environment_factory)
+            result = replace(result, metrics={**result.metrics, **extra})
             _append_line(out / LOG_FILE, json.dumps(result.to_dict()))
             if (step + 1) % config.checkpoint_every == 0 or step == config.num_steps - 1:
                 with trio.CancelScope(shield=True):

@@ -10,10 +10,11 @@ own log-probs (kept in every `TrainingSample`), so the update is the correct off
 When generation starts at all is a function of the configuration, never of timing, so a run is
 reproducible (`policy_version` of each step is fixed):
 
-* the rollouts of step k + 1 are generated during step k's training unless step k is the last
-  or writes a checkpoint; a checkpoint is a drain point — the next step's rollouts are generated
-  afterwards, by the checkpointed weights — so a run resumed from it generates exactly what the
-  uninterrupted run did;
+* the rollouts of step k + 1 are generated during step k's training unless step k is the last,
+  writes a checkpoint, or is followed by a held-out evaluation (`grpo_train(heldout=...)`, which
+  must see step k's weights with nothing else generating); a checkpoint is a drain point — the
+  next step's rollouts are generated afterwards, by the checkpointed weights — so a run resumed
+  from it generates exactly what the uninterrupted run did;
 * one step ahead at most: a larger `max_policy_lag` is accepted as a bound but this scheduler
   never exceeds a lag of 1 (one prefetched step already keeps the trainer busy).
 
@@ -127,9 +128,15 @@ async def open_rollout_scheduler(generate: Callable[[int], Awaitable[T]]) -> Asy
         raise single from None
 
 
-def overlaps_after(step: int, *, num_steps: int, checkpoint_every: int, max_policy_lag: int) -> bool:
+def overlaps_after(
+    step: int, *, num_steps: int, checkpoint_every: int, max_policy_lag: int, heldout_every: int | None = None
+) -> bool:
     """Whether step `step + 1`'s rollouts are generated while `step` trains: with a lag allowed,
-    unless `step` is the last or writes a checkpoint (a drain point, so resumes are exact)."""
+    unless `step` is the last, writes a checkpoint (a drain point, so resumes are exact) or is
+    followed by a held-out evaluation (which must see this step's weights, with nothing else
+    generating)."""
     if max_policy_lag < 1 or step + 1 >= num_steps:
+        return False
+    if heldout_every is not None and (step + 1) % heldout_every == 0:
         return False
     return (step + 1) % checkpoint_every != 0
