@@ -8,7 +8,7 @@ Install with `pip install torch==2.13.0 'rollouts[train]'` (the CPU build of tor
 Modules: `config` (GRPOConfig, the learning-rate schedule), `sample` (TrainingSample,
 advantages), `grpo` (the loop), `checkpoints` (checkpoints and what a resume must share),
 `backends` (the TrainingBackend / InferenceBackend protocols, in-process and served policies),
-`torch_backend` (TorchBackend), `tiny` (a tiny test model). Packaged model files live in
+`torch_backend` (TorchBackend), `distributed` (torchrun: DDP / FSDP2), `tiny` (a tiny test model). Packaged model files live in
 `rollouts.local_model.packaged`.
 """
 
@@ -18,8 +18,10 @@ import copy
 from typing import Any
 
 from rollouts.providers.transformers_local import load_causal_lm
+from rollouts.training import distributed
 from rollouts.training.backends import InferenceBackend, InProcessPolicy, ServedPolicy, TrainingBackend
 from rollouts.training.config import GRPOConfig, learning_rate
+from rollouts.training.distributed import DistributedError, World
 from rollouts.training.grpo import GRPOResult, StepResult, TrainingError, grpo_train, prompts_for_step
 from rollouts.training.sample import TrainingSample, group_advantages, token_view, with_group_advantages
 from rollouts.training.torch_backend import TorchBackend, sequence_logprobs
@@ -30,7 +32,11 @@ def local_policy(
 ) -> tuple[TorchBackend, InProcessPolicy]:
     """A TorchBackend training `model` with `config`'s settings and the InProcessPolicy serving
     the same module as `Endpoint("transformers", name)` (with a frozen reference copy when
-    `config.kl_coef > 0`)."""
+    `config.kl_coef > 0`). Under torchrun it joins the process group (`distributed.init_from_env`)
+    and, when CUDA is available, moves `model` to this process's GPU (LOCAL_RANK)."""
+    world = distributed.init_from_env()
+    if distributed.env_world() is not None:
+        model.to(distributed.device(world))
     policy = InProcessPolicy(name, model, tokenizer, max_batch_size=max_batch_size)
     reference = None
     if config.kl_coef > 0:
@@ -48,11 +54,13 @@ def local_policy(
         temperature=config.temperature,
         weights_lock=policy.weights_lock,
         pad_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id),
+        parallel=config.parallel,
     )
     return backend, policy
 
 
 __all__ = [
+    "DistributedError",
     "GRPOConfig",
     "GRPOResult",
     "InProcessPolicy",
@@ -63,6 +71,7 @@ __all__ = [
     "TrainingBackend",
     "TrainingError",
     "TrainingSample",
+    "World",
     "grpo_train",
     "group_advantages",
     "learning_rate",

@@ -21,11 +21,13 @@ from rollouts.eval.config import PrepareMessages, default_prepare_messages
 LossNormalization = Literal["per_token", "per_sequence"]
 ScaleRewards = Literal["group", "batch", "none"]
 LRSchedule = Literal["linear", "cosine", "constant"]
+Parallel = Literal["ddp", "fsdp"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "loss_normalization": ("per_token", "per_sequence"),
     "scale_rewards": ("group", "batch", "none"),
     "lr_schedule": ("linear", "cosine", "constant"),
+    "parallel": ("ddp", "fsdp"),
 }
 
 
@@ -58,6 +60,10 @@ class GRPOConfig:
     checkpoint_every: steps between checkpoints (the last step always gets one);
         keep_checkpoints: how many to keep.
     seed: prompt order and sampling seeds.
+    parallel: under torchrun with more than one process, "ddp" (each process holds the model and
+        optimizer state; gradients are all-reduced) or "fsdp" (FSDP2: parameters, gradients and
+        optimizer state sharded over the processes); ignored in one process. Not part of what a
+        resume must share: a run resumes at another world size or parallelism.
     """
 
     output_dir: Path
@@ -83,6 +89,7 @@ class GRPOConfig:
     prepare_messages: PrepareMessages = default_prepare_messages
     sample_timeout_s: float | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    parallel: Parallel = "ddp"
 
     def __post_init__(self) -> None:
         for name in ("num_steps", "batch_size", "max_tokens", "max_turns", "checkpoint_every", "keep_checkpoints"):
@@ -116,9 +123,9 @@ class GRPOConfig:
 
     def settings(self) -> dict[str, Any]:
         """What a resumed run must share with the run it continues, by name: every setting but
-        num_steps (a run may be extended), output_dir, metadata and the callables (those are
+        num_steps (a run may be extended), output_dir, metadata, parallel and the callables (those are
         fingerprinted by identity: see `rollouts.training.checkpoints`)."""
-        skip = ("num_steps", "output_dir", "prepare_messages", "metadata")
+        skip = ("num_steps", "output_dir", "prepare_messages", "metadata", "parallel")
         return {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in skip}
 
 
