@@ -34,6 +34,7 @@ from rollouts.handlers import (
     stdout_handler,
 )
 from rollouts.providers import MessageBuilder, client_scope, get_provider_function
+from rollouts.providers.raw import record_raw_calls
 from rollouts.run_config import RunConfig
 from rollouts.store.base import SessionConflictError, SessionStatus, SessionStore
 
@@ -67,10 +68,14 @@ class _Tracker:
         self.aborted: tuple[AgentState, Message | None] | None = None
 
 
-async def rollout(actor: Actor, on_chunk: OnChunk, *, use_tito: bool = False) -> Actor:
+async def rollout(actor: Actor, on_chunk: OnChunk, *, use_tito: bool = False, record_raw: bool = False) -> Actor:
     """One model call: route to the provider for `actor.endpoint` and return the actor with the
     new assistant message appended. With `use_tito` the provider's token-exact variant is used
-    (`rollouts.providers.tito`) and the new Completion carries the call's TokenRecord."""
+    (`rollouts.providers.tito`) and the new Completion carries the call's TokenRecord; with
+    `record_raw` it carries the raw request and response (`rollouts.providers.raw`)."""
+    if record_raw:
+        with record_raw_calls():
+            return await rollout(actor, on_chunk, use_tito=use_tito)
     if _tracing.tracer is None:
         return await _rollout(actor, on_chunk, use_tito)
     with _tracing.span(_tracing.model_call_name(actor), _tracing.model_call_attributes(actor)) as span:
@@ -323,9 +328,9 @@ async def _step(state: AgentState, run_config: RunConfig, _tracker: _Tracker | N
     try:
         if rc.model_limiter is not None:
             async with rc.model_limiter:
-                new_actor = await rollout(actor, on_chunk, use_tito=rc.use_tito)
+                new_actor = await rollout(actor, on_chunk, use_tito=rc.use_tito, record_raw=rc.record_raw)
         else:
-            new_actor = await rollout(actor, on_chunk, use_tito=rc.use_tito)
+            new_actor = await rollout(actor, on_chunk, use_tito=rc.use_tito, record_raw=rc.record_raw)
     except AuthenticationError:
         raise
     except ProviderError as e:

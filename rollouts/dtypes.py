@@ -600,7 +600,9 @@ class Completion:
     """Bookkeeping of one model call: which model, why it finished, how long it took.
 
     Token usage lives on the assistant `Message` it produced (`message_index`). `tokens` is
-    set by token-exact providers (`RunConfig.use_tito`)."""
+    set by token-exact providers (`RunConfig.use_tito`); `raw_request`/`raw_response` (the
+    request as sent and the raw stream items, masked and size-bounded) only when the run
+    records them (`RunConfig.record_raw`, see `rollouts.providers.raw`)."""
 
     provider: str
     model: str
@@ -610,6 +612,8 @@ class Completion:
     time_to_first_token_s: float | None = None
     attempts: int = 1
     tokens: TokenRecord | None = None
+    raw_request: str | None = None
+    raw_response: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = _clean({f.name: getattr(self, f.name) for f in fields(self)})

@@ -50,6 +50,11 @@ class RunConfig:
         ids and the sampler's log-probs (`Completion.tokens`), and later turns extend the
         previous turn's tokens instead of re-rendering text (for training; see
         `rollouts.providers.tito` for the providers that can).
+    record_raw: every model call also keeps its raw request (as sent to the SDK or transport)
+        and raw response (the stream's items) on its `Completion`, secrets masked and each cut
+        at `rollouts.providers.raw.RAW_MAX_CHARS` characters; the viewer shows them in a sample's
+        timeline. Off by default (nothing is written). Recorded by every provider built on the
+        shared call skeleton (the built-in API providers and `scripted`).
     """
 
     on_chunk: OnChunk = ignore_chunk
@@ -67,6 +72,7 @@ class RunConfig:
     session_tags: Mapping[str, str] | None = None
     extra: Mapping[str, Any] | None = None
     use_tito: bool = False
+    record_raw: bool = False
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:

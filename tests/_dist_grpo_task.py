@@ -38,7 +38,7 @@ def digits(sample: Any) -> Score:
     return Score((Metric("digits", sum(c.isdigit() for c in reply) / max(len(reply), 1), weight=1.0),))
 
 
-def config(out: Path, steps: int, parallel: str) -> GRPOConfig:
+def config(out: Path, steps: int, parallel: str, lora_r: int = 0) -> GRPOConfig:
     return GRPOConfig(
         output_dir=out,
         num_steps=steps,
@@ -50,6 +50,7 @@ def config(out: Path, steps: int, parallel: str) -> GRPOConfig:
         checkpoint_every=1,
         seed=3,
         parallel=parallel,  # type: ignore[arg-type]
+        lora_r=lora_r,
     )
 
 
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--parallel", default="ddp")
+    parser.add_argument("--lora-r", type=int, default=0)
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-step", type=int, default=0)
     parser.add_argument("--how", default="raise", choices=("raise", "kill"))
@@ -79,12 +81,12 @@ def main() -> None:
 
     async def run() -> None:
         model, tokenizer = tiny_chat_model(seed=0)
-        cfg = config(args.out, args.steps, args.parallel)
+        cfg = config(args.out, args.steps, args.parallel, args.lora_r)
         backend, policy = local_policy(model, tokenizer, cfg, name="tiny-dist")
         held["backend"] = backend
         await grpo_train(cfg, PROMPTS, digits, backend=backend, inference=policy, on_step=on_step)
         if current_world().is_main:
-            torch.save(model.state_dict(), args.out / "weights.pt")
+            torch.save(backend.model.state_dict(), args.out / "weights.pt")
 
     trio.run(run)
 

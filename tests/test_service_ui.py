@@ -141,6 +141,9 @@ async def test_compare_gepa_jobs_and_version_tokens(store: Store, data: UiData) 
     c = await cat.compare_runs(data.batch, data.batch2)
     assert (c.shared, c.regressed, c.improved, c.only_a, c.only_b) == (6, 1, 2, 0, 0)
     assert [r.sample_id for r in c.rows.items][:2] == ["t0", "t2"]  # regressions first
+    assert list(await cat.runs_sharing_samples(data.batch)) == [data.batch2]  # what compare offers
+    with pytest.raises(NotFound):
+        await cat.runs_sharing_samples(data.batch_b)  # another workspace's batch
     runs = await cat.list_gepa_runs()
     assert [r.run_id for r in runs] == [data.job]
     g = await cat.get_gepa_run(data.job)

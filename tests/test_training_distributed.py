@@ -161,6 +161,17 @@ def test_fsdp2_gives_the_weights_of_ddp_after_three_steps(runs: dict[str, Path])
     assert ranks[0]["local_numel"] < whole and ranks[0]["local_numel"] + ranks[1]["local_numel"] >= whole
 
 
+def test_lora_adapters_train_in_two_fsdp2_processes_as_in_one(tmp_path: Path) -> None:
+    one, fsdp = tmp_path / "one", tmp_path / "fsdp"
+    one.mkdir()
+    fsdp.mkdir()
+    _one_process(one, "--steps", "3", "--lora-r", "4")
+    _two_processes(fsdp, "--steps", "3", "--lora-r", "4", "--parallel", "fsdp")
+    assert [e["reward_mean"] for e in _log(fsdp)] == [e["reward_mean"] for e in _log(one)]
+    assert any("lora_A" in name for name in _weights(one))
+    _assert_same_weights(one, fsdp)
+
+
 def test_a_checkpoint_of_two_fsdp2_processes_resumes_in_one_as_if_never_stopped(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -5,7 +5,9 @@ directory saved with `save_pretrained`. Each step samples `--group` completions 
 `--batch-size` prompts through the agent loop (with `--env` tools if given), scores them with
 `--score`, and takes one policy-gradient step. `DIR/log.jsonl` gets a line per step,
 `DIR/checkpoints/` a checkpoint every `--checkpoint-every` steps and at the end, and `DIR/final/`
-the trained weights (loadable as `--model DIR/final` or `Endpoint("transformers", "DIR/final")`).
+the trained weights (loadable as `--model DIR/final` or `Endpoint("transformers", "DIR/final")`;
+with `--lora-r` the LoRA adapters alone, which load the same way, merged into the base model they
+name, and `rollouts train merge DIR/final --output DIR/merged` writes as whole weights).
 Running the same command again resumes after the last checkpoint — only with the same data,
 score function, environment, starting model and settings (`--steps` may grow); otherwise the
 error names what changed. A rollout that fails is printed as it happens; by default any failure
@@ -45,6 +47,9 @@ examples:
       --score my_task:score --steps 10 --output runs/sum
   torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
       -m rollouts train grpo --parallel fsdp ...      (and --node-rank 1 on the second machine)
+  rollouts train grpo --model smollm2-135m --data prompts.jsonl --score my_task:score --steps 10 --output runs/lora \\
+      --lora-r 16 --lora-alpha 32 --lr 1e-4
+  rollouts train merge runs/lora/final --output runs/lora/merged
 
 rows: JSON objects with a `prompt` (or `question`, `messages`) field, plus whatever the score
 function reads (e.g. `answer`). --score takes a built-in scorer name or module:function
@@ -112,6 +117,31 @@ def add_parser(sub: Any) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
     g.add_argument(
+        "--lora-r",
+        type=int,
+        default=0,
+        metavar="R",
+        help="train LoRA adapters of rank R (peft) instead of every weight",
+    )
+    g.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA scale alpha (the update is alpha/r B A)")
+    g.add_argument(
+        "--lora-targets",
+        default="all-linear",
+        metavar="NAMES",
+        help="comma-separated module names to adapt (default all-linear: every linear layer but the output)",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="weights in the trainer (default fp32; bf16 halves them, but is slow on CPUs without bf16 matmuls)",
+    )
+    g.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="recompute layer activations in the backward pass instead of keeping them (less memory, slower)",
+    )
+    g.add_argument(
         "--nproc-per-node",
         type=int,
         default=1,
@@ -126,6 +156,17 @@ def add_parser(sub: Any) -> None:
         "optimizer state); default ddp",
     )
     g.set_defaults(func=run_grpo, parser=g)
+    m = algorithms.add_parser(
+        "merge",
+        help="write LoRA adapters merged into their base model as whole weights",
+        description="Load the base model named in ADAPTER_DIR's adapter_config.json (or --base), merge the "
+        "adapters into its weights (peft's merge_and_unload) and save model and tokenizer to --output.",
+        formatter_class=HelpFormatter,
+    )
+    m.add_argument("adapter", metavar="ADAPTER_DIR", help="LoRA adapters (e.g. the final/ of a --lora-r run)")
+    m.add_argument("--output", required=True, metavar="DIR", help="where the merged model is written")
+    m.add_argument("--base", metavar="MODEL", help="the base model, if not the one the adapters name")
+    m.set_defaults(func=run_merge)
 
 
 def _progress_line(result: Any, total: int) -> str:
@@ -170,6 +211,35 @@ def _run_under_torchrun(args: argparse.Namespace) -> int:
                 proc.wait()
 
 
+def _save_final(model: Any, tokenizer: Any, final: Path, source: str) -> None:
+    """The trained weights, or with LoRA the adapters alone (naming their base model)."""
+    from rollouts.training.lora import is_adapted, save_adapter
+
+    if is_adapted(model):
+        base = source if not Path(source).expanduser().exists() else str(Path(source).expanduser().resolve())
+        save_adapter(model, final, base_model=base)
+    else:
+        model.save_pretrained(str(final))
+    tokenizer.save_pretrained(str(final))
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    adapter = Path(args.adapter)
+    if not (adapter / "adapter_config.json").is_file():
+        raise CLIError(f"{adapter}: no adapter_config.json here (give the final/ directory of a --lora-r run)")
+    from rollouts.training.lora import load_adapted
+
+    try:
+        model, tokenizer = load_adapted(adapter, base=args.base)
+    except Exception as e:  # a missing base model, a mismatched adapter: say it and stop
+        raise CLIError(f"{adapter}: {e}", exit_code=2) from None
+    out = Path(args.output)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    print(json.dumps({"adapter": str(adapter), "merged": str(out)}))
+    return 0
+
+
 def run_grpo(args: argparse.Namespace) -> int:
     from rollouts.training.distributed import env_world
 
@@ -203,6 +273,11 @@ def _check_settings(args: argparse.Namespace) -> None:
         raise CLIError("--max-failed-fraction must be at least 0 and below 1")
     if args.warmup_steps < 0:
         raise CLIError("--warmup-steps must be at least 0")
+    if args.lora_r < 0 or not args.lora_alpha > 0:
+        raise CLIError("--lora-r must be at least 0 (0: no LoRA) and --lora-alpha above 0")
+    targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
+    if not targets:
+        raise CLIError("--lora-targets: give module names (e.g. q_proj,v_proj) or all-linear")
     if args.batch_size < args.nproc_per_node:
         raise CLIError(
             f"--batch-size {args.batch_size} is below --nproc-per-node {args.nproc_per_node}: each process rolls out "
@@ -211,6 +286,7 @@ def _check_settings(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace, main_rank: bool) -> int:
+    targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
     rows = list(load_dataset(args.data))
     if not rows:
         raise CLIError(f"--data {args.data}: no rows")
@@ -256,6 +332,11 @@ def _train(args: argparse.Namespace, main_rank: bool) -> int:
         kl_coef=args.kl_coef,
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,
+        lora_r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_targets=targets,
+        dtype=args.dtype,
+        gradient_checkpointing=args.gradient_checkpointing,
         prepare_messages=prepare,
         parallel=args.parallel,
     )
@@ -285,8 +366,7 @@ def _train(args: argparse.Namespace, main_rank: bool) -> int:
     if result.resumed_from is not None:
         say(f"(resumed after step {result.resumed_from + 1})")
     final = out / "final"
-    model.save_pretrained(str(final))
-    tokenizer.save_pretrained(str(final))
+    _save_final(backend.model, tokenizer, final, args.model)
     last = result.steps[-1] if result.steps else None
     summary = {
         "output": str(out),

@@ -1,9 +1,15 @@
 """The limits of a sandbox that no rlimit covers: a cgroup's process count and the workspace's size.
 
-* `pids_cgroup()`: a fresh cgroup (v1 `pids` hierarchy) whose `pids.max` bounds every process
-  of one command. `RLIMIT_NPROC` does that for ordinary users (counted inside the sandbox's user
-  namespace), but the kernel never applies it to a process whose real uid is root, even in a
-  user namespace: there the cgroup is the bound. Used only where the hierarchy is writable.
+* `pids_cgroup()`: a fresh cgroup whose `pids.max` bounds every process of one command.
+  `RLIMIT_NPROC` does that for ordinary users (counted inside the sandbox's user namespace), but
+  the kernel never applies it to a process whose real uid is root, even in a user namespace
+  (mapping root to another uid inside does not change the real uid the kernel checks): there the
+  cgroup is the bound. Where one is writable: the cgroup v1 `pids` hierarchy
+  (`/sys/fs/cgroup/pids`), else a cgroup v2 hierarchy whose `pids` controller is available, at
+  its root or at this process's own cgroup (`/proc/self/cgroup`: a container's namespace root, a
+  delegated subtree), with `pids` enabled in the parent's `cgroup.subtree_control` (it is a
+  threaded controller, so the kernel allows that beside the parent's own processes). Groups are
+  made under a `rollouts-sandbox` directory there and removed after their command.
 * `watch_disk()`: sums the workspace's disk usage every few tens of milliseconds while a command
   runs (less often for a workspace slow to walk) and sets `stop` when it grew by more than the
   limit, or by more than `MAX_NEW_ENTRIES` files (the command is then killed). The first walk,
@@ -13,6 +19,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -22,26 +29,107 @@ from contextlib import asynccontextmanager
 import trio
 
 _PIDS_ROOT = "/sys/fs/cgroup/pids"
+_MOUNTS = "/proc/self/mounts"
+_OWN_CGROUP = "/proc/self/cgroup"
 _GROUP_DIR = "rollouts-sandbox"
 MAX_WALK_ENTRIES = 1_000_000
 MAX_NEW_ENTRIES = 100_000
 _POLL_S = 0.05
+_MAX_MOUNT_LINES = 10_000
 _counter = itertools.count()
 
 
+def _words(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+def _cgroup2_candidates() -> list[str]:
+    """The cgroup v2 directories a sandbox group could be made under: each cgroup2 mount's root,
+    then this process's own cgroup in it."""
+    mounts = []
+    try:
+        with open(_MOUNTS, encoding="utf-8") as f:
+            for line in itertools.islice(f, _MAX_MOUNT_LINES):
+                parts = line.split()
+                if len(parts) >= 3 and parts[2] == "cgroup2":
+                    mounts.append(parts[1].replace("\\040", " "))
+    except OSError:
+        return []
+    own = next((line[3:].strip() for line in _read_lines(_OWN_CGROUP) if line.startswith("0::")), "/")
+    out = []
+    for mount in mounts:
+        out.append(mount)
+        if own != "/":
+            out.append(os.path.join(mount, own.lstrip("/")))
+    return out
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
+
+
+def _enable_pids(directory: str) -> bool:
+    """Whether `pids` is (or could be made) enabled for `directory`'s children."""
+    if "pids" in _words(os.path.join(directory, "cgroup.subtree_control")):
+        return True
+    try:
+        with open(os.path.join(directory, "cgroup.subtree_control"), "w") as f:
+            f.write("+pids")
+    except OSError:
+        return False
+    return True
+
+
+def _cgroup2_parent() -> str | None:
+    """A cgroup v2 directory with `pids` enabled for its children, made for sandbox groups
+    (`<candidate>/rollouts-sandbox`), or None."""
+    for candidate in _cgroup2_candidates():
+        if "pids" not in _words(os.path.join(candidate, "cgroup.controllers")) or not os.access(candidate, os.W_OK):
+            continue
+        if not _enable_pids(candidate):
+            continue
+        parent = os.path.join(candidate, _GROUP_DIR)
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError:
+            continue
+        if _enable_pids(parent):  # (no process of its own: only its groups have any)
+            return parent
+    return None
+
+
+@functools.cache
+def pids_cgroup_parent() -> str | None:
+    """Where sandbox groups are made: `/sys/fs/cgroup/pids/rollouts-sandbox` (cgroup v1), a
+    cgroup v2 directory (see the module docstring), or None when no writable hierarchy with a
+    `pids` controller exists (then, as root, nothing bounds a command's process count)."""
+    if os.access(_PIDS_ROOT, os.W_OK) and os.path.exists(os.path.join(_PIDS_ROOT, "cgroup.procs")):
+        return os.path.join(_PIDS_ROOT, _GROUP_DIR)
+    return _cgroup2_parent()
+
+
 def pids_cgroup_supported() -> bool:
-    """Whether a writable cgroup v1 `pids` hierarchy exists (root, or delegated to this user)."""
-    return os.access(_PIDS_ROOT, os.W_OK) and os.path.exists(os.path.join(_PIDS_ROOT, "cgroup.procs"))
+    """Whether a writable cgroup hierarchy with a `pids` controller exists (v1 or v2)."""
+    return pids_cgroup_parent() is not None
 
 
 @asynccontextmanager
 async def pids_cgroup(max_processes: int) -> AsyncIterator[str | None]:
     """A new cgroup allowing `max_processes` processes (its directory), removed afterwards;
     None where no writable hierarchy exists."""
-    if not pids_cgroup_supported():
+    parent = await trio.to_thread.run_sync(pids_cgroup_parent)
+    if parent is None:
         yield None
         return
-    path = os.path.join(_PIDS_ROOT, _GROUP_DIR, f"{os.getpid()}-{next(_counter)}")
+    path = os.path.join(parent, f"{os.getpid()}-{next(_counter)}")
     await trio.to_thread.run_sync(_make_group, path, max_processes)
     try:
         yield path

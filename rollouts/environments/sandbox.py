@@ -15,8 +15,8 @@ command with:
 * a private PID namespace: when the command ends, every process it started dies with it;
   no capabilities, its own session (no terminal injection), killed if the caller dies;
 * limits (`SandboxLimits`): CPU seconds, address space, processes, file size (rlimits set inside
-  the sandbox by `prlimit`), a cgroup `pids.max` where one is writable (root ignores
-  `RLIMIT_NPROC`), and a bound on how much the command may add to the workspace (checked every
+  the sandbox by `prlimit`), a cgroup `pids.max` where one is writable, v1 or v2 (root ignores
+  `RLIMIT_NPROC`: see `_sandbox_limits`), and a bound on how much the command may add to the workspace (checked every
   50 ms; the command is stopped past it).
 
 `DockerSandbox` has the same interface, runs `docker run` with the equivalent options, and needs

@@ -25,6 +25,7 @@ from typing import IO, Any
 
 import trio
 
+from rollouts._unicode import escape_lone_surrogates
 from rollouts.eval.io import dumps_json, read_json, write_json_atomic
 from rollouts.gepa.state import GEPAState
 from rollouts.redaction import redact_json, redact_text
@@ -72,7 +73,9 @@ def _valid_lines(path: Path) -> tuple[list[str], int]:
 
 class JsonlLog:
     """An append-only JSONL file: the records already in it are read on open (a torn last line
-    is dropped), each new record is one flushed line."""
+    is dropped), each new record is one flushed line. Any text is stored losslessly: a lone
+    surrogate (from a dataset row or a reply) is written as its JSON escape, which UTF-8 can
+    encode and which reads back as the same code point."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -92,7 +95,7 @@ class JsonlLog:
 
     def append(self, record: Mapping[str, Any]) -> None:
         assert self._f is not None, "JsonlLog.append after close"
-        self._f.write(redact_json(dumps_json(record, separators=(",", ":"))) + "\n")
+        self._f.write(escape_lone_surrogates(redact_json(dumps_json(record, separators=(",", ":")))) + "\n")
         self._f.flush()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -105,12 +108,15 @@ class JsonlLog:
 
 
 def write_result_files(run_dir: Path, result: Any) -> None:
-    """result.json, best_candidate.json and best_<component>.txt (each written atomically)."""
+    """result.json, best_candidate.json and best_<component>.txt (each written atomically; a
+    lone surrogate, which UTF-8 cannot hold, is a JSON escape in the .json files and a
+    backslash escape in the .txt ones)."""
     write_json_atomic(run_dir / RESULT_FILE, result.to_dict())
     write_json_atomic(run_dir / "best_candidate.json", result.best_candidate)
     for name, text in result.best_candidate.items():
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
         tmp = run_dir / f".best_{safe}.txt.tmp"
         text = redact_text(text)
-        tmp.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+        # (a lone surrogate is shown as its escape here; best_candidate.json keeps it exactly)
+        tmp.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8", errors="backslashreplace")
         tmp.replace(run_dir / f"best_{safe}.txt")

@@ -31,6 +31,7 @@ from rollouts.dtypes import Message, TextContent, ThinkingContent, ToolCallConte
 from rollouts.errors import ConfigurationError
 from rollouts.eval.config import EvalConfig, Row
 from rollouts.eval.fingerprint import Fingerprint, describe_parts
+from rollouts.eval.io import row_json
 from rollouts.eval.run import evaluate, sample_id_for
 from rollouts.eval.sample import Sample
 from rollouts.gepa.adapter import Candidate, EvaluationBatch, ReflectiveDataset
@@ -125,18 +126,18 @@ class _RolloutLog:
         if rec is None:
             return None
         sample = Sample.from_dict(rec["sample"])
-        try:
-            same = json.loads(json.dumps(dict(row), default=str)) == sample.input
-        except (TypeError, ValueError):
-            same = False
-        return sample if same else None
+        # compared as the log stores a row (NaN as null, lone surrogates kept), so what was
+        # written is what is compared; the reused sample keeps the row as given
+        return replace(sample, input=row) if row_json(row) == sample.input else None
 
     @property
     def path(self) -> Path:
         return self._log.path
 
     def write(self, eval_id: str, pos: int, cand: str, sample: Sample) -> None:
-        self._log.append({"eval": eval_id, "pos": pos, "candidate": cand, "sample": sample.to_dict()})
+        data = sample.to_dict()
+        data["input"] = row_json(sample.input)  # as samples.jsonl stores it (and `reusable` compares it)
+        self._log.append({"eval": eval_id, "pos": pos, "candidate": cand, "sample": data})
 
     def close(self) -> None:
         self._log.close()

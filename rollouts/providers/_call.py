@@ -18,7 +18,8 @@ successful open, i.e. a known HTTP status), feeds every item to a fresh translat
 its `finish()` (which emits `StreamDone` and returns the finish reason). Every event passes the
 call's `MessageBuilder` (which drops the partial output of a failed attempt) on its way to
 `on_chunk`. The result is the actor with the assistant `Message` and its `Completion` (duration,
-time to the first streamed item, attempts) appended.
+time to the first streamed item, attempts) appended; when the run records raw calls
+(`RunConfig.record_raw`), also the masked request and raw stream items (`rollouts.providers.raw`).
 
 A provider whose key comes from `keys.PROVIDER_KEY_ENV` declares its parts once as a
 `ProviderCall` and its stream function is `await CALL.run(actor, on_chunk)`.
@@ -27,7 +28,7 @@ A provider whose key comes from `keys.PROVIDER_KEY_ENV` declares its parts once 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -37,6 +38,7 @@ from rollouts.events import LLMCallStart, OnChunk, StreamEvent, StreamStart
 from rollouts.providers._aggregate import MessageBuilder, append_assistant
 from rollouts.providers._retry import Failure, stream_with_retries
 from rollouts.providers.keys import api_key_for
+from rollouts.providers.raw import RawCall, recording
 
 R = TypeVar("R")
 Tr = TypeVar("Tr", bound="Translator")
@@ -78,6 +80,7 @@ async def run_call(
     started = time.perf_counter()
     await on_chunk(LLMCallStart(provider=provider, model=model))
     request = build()
+    raw = RawCall(request) if recording() else None  # (RunConfig.record_raw; rollouts.providers.raw)
     builder = MessageBuilder(provider, model)
     first_item_at: float | None = None
     last: list[Tr] = []
@@ -92,7 +95,10 @@ async def run_call(
             await emit(StreamStart(attempt=n))
             tr = translator(emit)
             last[:] = [tr]
-            feed = tr.feed
+            feed: Callable[[Any], Awaitable[None]] = tr.feed
+            if raw is not None:
+                raw.start_attempt()
+                feed = raw.tee(feed)
             async for item in stream:
                 if first_item_at is None:
                     first_item_at = time.perf_counter()
@@ -114,6 +120,8 @@ async def run_call(
         duration_s=time.perf_counter() - started,
         time_to_first_token_s=(first_item_at - started) if first_item_at is not None else None,
         attempts=attempts,
+        raw_request=raw.request if raw is not None else None,
+        raw_response=raw.response() if raw is not None else None,
     )
     return append_assistant(actor, message, completion)
 

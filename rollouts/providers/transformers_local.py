@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -330,12 +331,17 @@ def unregister_transformers_model(name: str) -> None:
 
 def load_causal_lm(source: str) -> tuple[Any, Any]:
     """`(model, tokenizer)` from a directory or hub name, a `.gguf` file (dequantised to float32),
-    or a packaged model name (`rollouts.local_model.packaged`). The model is in eval mode."""
+    a packaged model name (`rollouts.local_model.packaged`), or a directory of LoRA adapters
+    (`adapter_config.json`, as `rollouts train grpo --lora-r` writes): the base model it names
+    with the adapters merged in. The model is in eval mode."""
     _torch()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rollouts.local_model.packaged import resolve_weights
 
+    adapter = Path(source).expanduser()
+    if adapter.is_dir() and (adapter / "adapter_config.json").is_file():
+        return load_merged_adapter(adapter)
     path = resolve_weights(source)
     if path.suffix == ".gguf":
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -354,6 +360,36 @@ def load_causal_lm(source: str) -> tuple[Any, Any]:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype="float32")
     model.eval()
     return model, tokenizer
+
+
+def load_merged_adapter(directory: Path, *, base: str | None = None) -> tuple[Any, Any]:
+    """`(model, tokenizer)`: the base model named in `directory`'s adapter_config.json (or
+    `base`) with the LoRA adapters of `directory` merged into its weights (peft's
+    `merge_and_unload`): a plain model again. The tokenizer is `directory`'s when it holds one."""
+    import json
+
+    try:
+        import peft
+    except ImportError:
+        raise ConfigurationError(
+            f"{directory} holds LoRA adapters; loading them needs peft: pip install peft"
+        ) from None
+    recorded = json.loads((directory / "adapter_config.json").read_text(encoding="utf-8")).get(
+        "base_model_name_or_path"
+    )
+    source = base or recorded
+    if not source:
+        raise ConfigurationError(
+            f"{directory} holds LoRA adapters but does not name their base model; give it (--base)"
+        )
+    model, tokenizer = load_causal_lm(str(source))
+    merged = peft.PeftModel.from_pretrained(model, str(directory)).merge_and_unload()
+    merged.eval()
+    if (directory / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    return merged, tokenizer
 
 
 async def get_transformers_model(name: str) -> TransformersModel:

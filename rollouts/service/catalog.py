@@ -39,6 +39,8 @@ from rollouts.view.catalog import (
     Comparison,
     EvalRunDetail,
     EvalRunRow,
+    EvalSetDetail,
+    EvalSetRow,
     GepaRunDetail,
     GepaRunRow,
     NotFound,
@@ -49,6 +51,8 @@ from rollouts.view.catalog import (
     SessionDetail,
     SessionQuery,
     SessionRow,
+    TrainingRunDetail,
+    TrainingRunRow,
     clamp_page,
 )
 from rollouts.view.sql import SampleColumns, compile_compare, compile_samples
@@ -445,6 +449,18 @@ def _compare(tx: Tx, ws: str, a: str, b: str, offset: int, limit: int) -> Compar
     )
 
 
+def _sharing(tx: Tx, ws: str, batch_id: str) -> list[str]:
+    _run(tx, ws, batch_id)  # NotFound for another workspace's batch
+    found = []
+    for other in _runs(tx, ws):
+        if other.run_id != batch_id and tx.one(
+            "SELECT 1 FROM tasks x JOIN tasks y ON y.task_id = x.task_id AND y.batch_id = ? WHERE x.batch_id = ? LIMIT 1",
+            (other.run_id, batch_id),
+        ):
+            found.append(other.run_id)
+    return found
+
+
 # ---- GEPA jobs ------------------------------------------------------------------------------------------
 
 _JOB_COLS = "j.id, j.agent_id, a.name, j.status, j.metric_calls, j.max_metric_calls, j.best_score, j.candidates"
@@ -576,6 +592,21 @@ class ServiceCatalog:
 
     async def compare_runs(self, run_a: str, run_b: str, *, offset: int = 0, limit: int = 50) -> Comparison:
         return await self.store.read(_compare, self.workspace_id, run_a, run_b, offset, limit)
+
+    async def runs_sharing_samples(self, run_id: str) -> Sequence[str]:
+        return await self.store.read(_sharing, self.workspace_id, run_id)
+
+    async def list_eval_sets(self) -> Sequence[EvalSetRow]:
+        return ()  # (eval sets are directories of `rollouts eval-set`; the service keeps batches)
+
+    async def get_eval_set(self, set_id: str) -> EvalSetDetail:
+        raise NotFound(f"the service has no eval set {set_id}")
+
+    async def list_training_runs(self) -> Sequence[TrainingRunRow]:
+        return ()  # (training runs are directories of `rollouts train`)
+
+    async def get_training_run(self, run_id: str) -> TrainingRunDetail:
+        raise NotFound(f"the service has no training run {run_id}")
 
     async def list_gepa_runs(self) -> Sequence[GepaRunRow]:
         return await self.store.read(_jobs, self.workspace_id)

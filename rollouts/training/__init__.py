@@ -8,7 +8,9 @@ Install with `pip install torch==2.13.0 'rollouts[train]'` (the CPU build of tor
 Modules: `config` (GRPOConfig, the learning-rate schedule), `sample` (TrainingSample,
 advantages), `grpo` (the loop), `checkpoints` (checkpoints and what a resume must share),
 `backends` (the TrainingBackend / InferenceBackend protocols, in-process and served policies),
-`torch_backend` (TorchBackend), `distributed` (torchrun: DDP / FSDP2), `tiny` (a tiny test model). Packaged model files live in
+`torch_backend` (TorchBackend), `lora` (LoRA adapters through peft, bf16, gradient
+checkpointing), `distributed` (torchrun: DDP / FSDP2), `tiny` (a tiny test model). Packaged
+model files live in
 `rollouts.local_model.packaged`.
 """
 
@@ -23,6 +25,7 @@ from rollouts.training.backends import InferenceBackend, InProcessPolicy, Served
 from rollouts.training.config import GRPOConfig, learning_rate
 from rollouts.training.distributed import DistributedError, World
 from rollouts.training.grpo import GRPOResult, StepResult, TrainingError, grpo_train, prompts_for_step
+from rollouts.training.lora import load_adapted, prepare_model
 from rollouts.training.sample import TrainingSample, group_advantages, token_view, with_group_advantages
 from rollouts.training.torch_backend import TorchBackend, sequence_logprobs
 
@@ -31,15 +34,20 @@ def local_policy(
     model: Any, tokenizer: Any, config: GRPOConfig, *, name: str = "policy", max_batch_size: int = 64
 ) -> tuple[TorchBackend, InProcessPolicy]:
     """A TorchBackend training `model` with `config`'s settings and the InProcessPolicy serving
-    the same module as `Endpoint("transformers", name)` (with a frozen reference copy when
-    `config.kl_coef > 0`). Under torchrun it joins the process group (`distributed.init_from_env`)
-    and, when CUDA is available, moves `model` to this process's GPU (LOCAL_RANK)."""
+    the same module as `Endpoint("transformers", name)`. `model` is first cast to `config.dtype`,
+    given gradient checkpointing and wrapped with LoRA adapters as the config says
+    (`rollouts.training.lora.prepare_model`; `backend.model` is then the peft model). When
+    `config.kl_coef > 0` the reference is a frozen copy of the start — or, with LoRA, the same
+    model with its adapters disabled. Under torchrun it joins the process group
+    (`distributed.init_from_env`) and, when CUDA is available, moves `model` to this process's
+    GPU (LOCAL_RANK)."""
     world = distributed.init_from_env()
     if distributed.env_world() is not None:
         model.to(distributed.device(world))
+    model = prepare_model(model, config)
     policy = InProcessPolicy(name, model, tokenizer, max_batch_size=max_batch_size)
     reference = None
-    if config.kl_coef > 0:
+    if config.kl_coef > 0 and not config.lora_r:
         reference = copy.deepcopy(model).eval()
         for p in reference.parameters():
             p.requires_grad_(False)
@@ -75,8 +83,10 @@ __all__ = [
     "grpo_train",
     "group_advantages",
     "learning_rate",
+    "load_adapted",
     "load_causal_lm",
     "local_policy",
+    "prepare_model",
     "prompts_for_step",
     "sequence_logprobs",
     "token_view",

@@ -21,12 +21,14 @@ from rollouts.eval.config import PrepareMessages, default_prepare_messages
 LossNormalization = Literal["per_token", "per_sequence"]
 ScaleRewards = Literal["group", "batch", "none"]
 LRSchedule = Literal["linear", "cosine", "constant"]
+Dtype = Literal["fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "loss_normalization": ("per_token", "per_sequence"),
     "scale_rewards": ("group", "batch", "none"),
     "lr_schedule": ("linear", "cosine", "constant"),
+    "dtype": ("fp32", "bf16"),
     "parallel": ("ddp", "fsdp"),
 }
 
@@ -59,7 +61,20 @@ class GRPOConfig:
         failed always stops.
     checkpoint_every: steps between checkpoints (the last step always gets one);
         keep_checkpoints: how many to keep.
-    seed: prompt order and sampling seeds.
+    seed: prompt order, sampling seeds and the LoRA adapters' initialisation.
+    lora_r / lora_alpha / lora_targets: train LoRA adapters (peft) of rank `lora_r` (0, the
+        default: train every weight), scale `lora_alpha / lora_r`, on the modules named
+        (`("all-linear",)`: every linear layer but the output layer) instead of the whole model;
+        the KL reference is then the model with its adapters disabled (no second copy).
+    dtype: the weights' dtype in the trainer, "fp32" (default) or "bf16" (half the memory; on a
+        CPU without native bf16 matmuls slower, and full fine-tuning in bf16 rounds away updates
+        smaller than about 1/256 of a weight: docs/training.md).
+    gradient_checkpointing: recompute each decoder layer's activations in the backward pass
+        instead of keeping them (less memory, about one more forward pass of time); not part
+        of what a resume must share (it does not change the arithmetic).
+    keep_step_samples: also write each step's rollouts (an eval output directory: samples.jsonl,
+        report.json) to `<output_dir>/steps/step_NNNNNN/`, which `rollouts view` links from the
+        step; off by default (the token records make them large). Not part of the resume check.
     parallel: under torchrun with more than one process, "ddp" (each process holds the model and
         optimizer state; gradients are all-reduced) or "fsdp" (FSDP2: parameters, gradients and
         optimizer state sharded over the processes); ignored in one process. Not part of what a
@@ -86,9 +101,15 @@ class GRPOConfig:
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     seed: int = 0
+    lora_r: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = ("all-linear",)
+    dtype: Dtype = "fp32"
+    gradient_checkpointing: bool = False
     prepare_messages: PrepareMessages = default_prepare_messages
     sample_timeout_s: float | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    keep_step_samples: bool = False
     parallel: Parallel = "ddp"
 
     def __post_init__(self) -> None:
@@ -108,6 +129,15 @@ class GRPOConfig:
             )
         if not self.lr > 0:
             raise ConfigurationError(f"GRPOConfig.lr must be > 0, got {self.lr}")
+        if isinstance(self.lora_targets, str):
+            raise ConfigurationError(
+                f"GRPOConfig.lora_targets must be a tuple of module names, got the string {self.lora_targets!r}"
+            )
+        if self.lora_r < 0 or not self.lora_alpha > 0 or not self.lora_targets:
+            raise ConfigurationError(
+                f"GRPOConfig: lora_r must be >= 0 (0: no LoRA), lora_alpha > 0 and lora_targets non-empty; got "
+                f"lora_r={self.lora_r}, lora_alpha={self.lora_alpha}, lora_targets={self.lora_targets!r}"
+            )
         if self.warmup_steps < 0:
             raise ConfigurationError(f"GRPOConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
         if not 0.0 <= self.max_failed_fraction < 1.0:
@@ -123,9 +153,18 @@ class GRPOConfig:
 
     def settings(self) -> dict[str, Any]:
         """What a resumed run must share with the run it continues, by name: every setting but
-        num_steps (a run may be extended), output_dir, metadata, parallel and the callables (those are
-        fingerprinted by identity: see `rollouts.training.checkpoints`)."""
-        skip = ("num_steps", "output_dir", "prepare_messages", "metadata", "parallel")
+        num_steps (a run may be extended), output_dir, metadata, gradient_checkpointing (memory
+        only), keep_step_samples (what is written, not what is trained), parallel (a run resumes
+        at another world size or parallelism) and the callables (those are fingerprinted by
+        identity: see `rollouts.training.checkpoints`). The LoRA settings are left out when LoRA
+        is off, and dtype when it is fp32, so runs checkpointed before those settings existed
+        still resume."""
+        skip = {"num_steps", "output_dir", "prepare_messages", "metadata", "gradient_checkpointing"}
+        skip |= {"keep_step_samples", "parallel"}
+        if self.lora_r == 0:
+            skip |= {"lora_r", "lora_alpha", "lora_targets"}
+        if self.dtype == "fp32":
+            skip.add("dtype")
         return {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in skip}
 
 

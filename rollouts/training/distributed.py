@@ -428,7 +428,8 @@ def load_full_state(prepared: Prepared, replica: Any, model_state: Any, optimize
     params = list(prepared.trained.parameters())
     with torch.no_grad(), collective(prepared.world, "sharding the checkpoint"):
         for name, p in prepared.trained.named_parameters():
-            p.copy_(distribute_tensor(model_state[name].to(p.device), p.device_mesh, p.placements))
+            if name in model_state:  # (frozen LoRA base weights are not in a checkpoint)
+                p.copy_(distribute_tensor(model_state[name].to(p.device), p.device_mesh, p.placements))
         for index, entry in optim_state["state"].items():
             p = params[int(index)]
             for key, value in list(entry.items()):

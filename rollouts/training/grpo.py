@@ -15,7 +15,8 @@ Each step:
 5. appends a line to `<output_dir>/log.jsonl` (reward, loss, KL, entropy — the sampled tokens'
    mean negative log-prob —, grad norm, lr, tokens, seconds) and every `checkpoint_every` steps
    writes a checkpoint (weights, optimizer, RNG, step) to `<output_dir>/checkpoints/step_NNNNNN`,
-   atomically (`rollouts.training.checkpoints`).
+   atomically (`rollouts.training.checkpoints`); with `keep_step_samples`, the step's rollouts
+   go to `<output_dir>/steps/step_NNNNNN/` (an eval output directory the viewer links from the step).
 
 Under `torchrun` with N processes (`rollouts.training.distributed`; the backend joins the process
 group in `initialize`) every rank runs this same loop on the same prompt list: each rolls out its
@@ -293,12 +294,27 @@ async def _rollout_batch(run: _Run, step: int) -> list[Sample]:
         provider_error_retries=0,
         show_progress=False,
         eval_name=f"grpo-step-{step}",
+        **_step_samples_dir(config, step, run.world),
         on_sample_start=start_sample,
         on_sample_end=end_sample,
     )
     report = await evaluate(rows, eval_config)
     by_id = {s.id: s for s in report.samples}
     return [by_id[row["id"]] for row in rows]
+
+
+STEPS_DIR = "steps"
+
+
+def _step_samples_dir(config: GRPOConfig, step: int, world: World) -> dict[str, Any]:
+    """Where the step's rollouts are written (`keep_step_samples`: `steps/step_NNNNNN`, started
+    over when a resumed run runs the step again; the samples stay in memory as without it).
+    Under torchrun rank R > 0 writes its share to `steps/rankR/step_NNNNNN`."""
+    if not config.keep_step_samples:
+        return {}
+    root = Path(config.output_dir) / STEPS_DIR
+    out = (root if world.is_main else root / f"rank{world.rank}") / f"step_{step:06d}"
+    return {"output_dir": out, "overwrite": True, "keep_samples": True}
 
 
 def _training_batch(

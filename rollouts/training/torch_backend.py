@@ -4,7 +4,8 @@
 * the samples with sampled tokens are the step's; the others (failed rollouts) are not trained on;
 * per sampled token: ratio = exp(logp - logp_rollout), loss = -min(ratio * A, clip(ratio, 1 - eps,
   1 + eps) * A), plus `kl_coef` times the k3 estimate of KL(policy || reference) when a reference
-  model is given;
+  model is given (or, for a peft model with LoRA adapters, the same model with its adapters
+  disabled: no second copy of the weights);
 * `loss_normalization="per_token"` (trl's "dapo", the default) divides the sum over every sampled
   token of the step by their number; "per_sequence" (the original GRPO) takes each completion's
   mean over its tokens, then the mean over completions. Samples with advantage 0 count in both
@@ -22,24 +23,31 @@ checkpoints, in the one-process format.
 `clip_fraction` is trl's: the share of sampled tokens where clipping binds — ratio > 1 + eps with
 a positive advantage, or ratio < 1 - eps with a negative one.
 
+Only the parameters that require gradients are trained (with LoRA: the adapters). A checkpoint
+then holds those alone (the frozen weights are the starting model's, which the run's
+fingerprint checks) and, for a peft model, the adapters as `save_pretrained` writes them
+(`adapter/`). With gradient checkpointing enabled on the model (`rollouts.training.lora`), the
+training forward passes recompute each layer's activations in the backward pass.
+
 It runs in a worker thread, holding `weights_lock` (the generation engine's, when the model is
 also served in process) so no token is sampled from half-updated weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import random
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from rollouts.errors import ConfigurationError
-from rollouts.training import distributed
+from rollouts.training import distributed, lora
 from rollouts.training.sample import TrainingSample
 
 
@@ -91,8 +99,11 @@ class TorchBackend:
     ) -> None:
         if num_minibatches < 1:
             raise ValueError(f"TorchBackend: num_minibatches must be >= 1, got {num_minibatches}")
-        if kl_coef > 0 and reference_model is None:
-            raise ValueError("TorchBackend: kl_coef > 0 needs a reference_model (a frozen copy of the start)")
+        if kl_coef > 0 and reference_model is None and not lora.is_adapted(model):
+            raise ValueError(
+                "TorchBackend: kl_coef > 0 needs a reference_model (a frozen copy of the start), or a peft model "
+                "(LoRA), whose reference is the model with its adapters disabled"
+            )
         if loss_normalization not in ("per_token", "per_sequence"):
             raise ValueError(
                 f"TorchBackend: loss_normalization must be per_token or per_sequence, got {loss_normalization!r}"
@@ -145,11 +156,17 @@ class TorchBackend:
         await trio.to_thread.run_sync(self._load_checkpoint, Path(directory))
 
     async def save_weights(self, directory: Path) -> None:
+        """`save_pretrained` of the model; of an adapted model, of a merged copy (whole weights, as
+        an inference server loads them)."""
+
         def save() -> None:
             if self._prepared is not None and not self._prepared.world.is_main:
                 return  # rank 0 writes
             with self.weights_lock:
-                self.model.save_pretrained(str(directory))
+                if lora.is_adapted(self.model):
+                    lora.merged_model(self.model).save_pretrained(str(directory))
+                else:
+                    self.model.save_pretrained(str(directory))
 
         await trio.to_thread.run_sync(save)
 
@@ -197,8 +214,8 @@ class TorchBackend:
         per_token = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - self.clip_eps, 1 + self.clip_eps) * a)
         kl = torch.zeros_like(per_token)
         if self.kl_coef > 0:
-            with torch.no_grad():
-                reference = distributed.selected_logits_module(self.reference_model)
+            with torch.no_grad(), self._reference() as reference:
+                reference = distributed.selected_logits_module(reference)
                 ref_all = self._selected_logprobs(reference, ids, attn, rows, cols)
                 ref_lp = ref_all.gather(-1, target[:, None])[:, 0]
             delta = ref_lp - logp
@@ -214,6 +231,15 @@ class TorchBackend:
                 "ratio_max": float(ratio.max()),
             }
         return total, stats
+
+    @contextlib.contextmanager
+    def _reference(self) -> Iterator[Any]:
+        """The KL reference: the frozen copy given, else the model with its adapters disabled."""
+        if self.reference_model is not None:
+            yield self.reference_model
+        else:
+            with lora.adapters_disabled(self.model) as base:
+                yield base
 
     def _selected_logprobs(self, module: Any, ids: Any, attn: Any, rows: Any, cols: Any) -> Any:
         """Log-softmax (at `temperature`) of the next-token logits at positions (rows, cols);
@@ -269,7 +295,7 @@ class TorchBackend:
         weights = self._loss_weights(usable, n_usable, total_tokens)
         parts = self._minibatches(computed, world)
         loss_sum = clipped = kl = entropy = 0.0
-        with self.weights_lock:
+        with self.weights_lock, lora.checkpointing_active(prepared.trained):
             self.optimizer.zero_grad(set_to_none=True)
             for i, part in enumerate(parts):
                 with distributed.gradient_sync(prepared, enabled=i == len(parts) - 1):
@@ -297,14 +323,25 @@ class TorchBackend:
         metrics["clip_fraction"] = clipped / total_tokens
         return metrics
 
+    def _frozen_names(self) -> set[str]:
+        """State-dict names of the parameters not trained (tied ones under every name)."""
+        return {name for name, p in self.model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
     def _save_checkpoint(self, directory: Path) -> None:
         """Weights, optimizer and RNG in the one-process format (gathered whole under FSDP: a
         collective); only rank 0 writes."""
         torch = _torch()
         assert self._prepared is not None
+        main = self._prepared.world.is_main
+        if main:
+            directory.mkdir(parents=True, exist_ok=True)
+        frozen = self._frozen_names()
         with self.weights_lock:
+            if main and lora.is_adapted(self.model):
+                lora.save_adapter(self.model, directory / "adapter")
             state = {
-                "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                "model": {k: v.detach().clone() for k, v in self.model.state_dict().items() if k not in frozen},
+                "frozen": sorted(frozen),
                 "optimizer": (
                     distributed.full_optimizer_state(self._prepared, self.optimizer)
                     if self.optimizer is not None
@@ -313,8 +350,7 @@ class TorchBackend:
                 "torch_rng": torch.get_rng_state(),
                 "python_rng": random.getstate(),
             }
-        if self._prepared.world.is_main:
-            directory.mkdir(parents=True, exist_ok=True)
+        if main:
             torch.save(state, directory / "trainer.pt")
 
     def _load_checkpoint(self, directory: Path) -> None:
@@ -329,9 +365,14 @@ class TorchBackend:
             state = torch.load(directory / "trainer.pt", map_location=where, weights_only=False)
         state = distributed.broadcast(world, state, "sending the checkpoint")
         assert state is not None
+        frozen = self._frozen_names()
         with self.weights_lock:
             try:
-                self.model.load_state_dict(state["model"])
+                if sorted(frozen) != state.get("frozen", []):
+                    raise RuntimeError("the checkpoint trained other parameters than this model trains")
+                result = self.model.load_state_dict(state["model"], strict=not frozen)
+                if result is not None and (result.unexpected_keys or set(result.missing_keys) - frozen):
+                    raise RuntimeError(f"missing {result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]}")
             except RuntimeError as e:  # another architecture (a checkpoint of an older format, unchecked)
                 first = str(e).strip().splitlines()[0]
                 raise ConfigurationError(

@@ -4,11 +4,13 @@
     await serve(app, "127.0.0.1", 0)                # rollouts.view.server
 
 Routes (HTML):  /  /sessions  /sessions/{id}  /sessions/{id}/diff  /evals  /evals/{run}
-                /evals/{run}/samples/{sample id}  /compare?a=&b=  /gepa  /gepa/{run}
+                /evals/{run}/samples/{sample id}  /compare?a=&b=  /sets/{set}  /training  /training/{run}
+                /gepa  /gepa/{run}
                 /gepa/{run}/candidates/{idx}
 Routes (JSON):  /api/sessions  /api/sessions/{id}  /api/evals  /api/evals/{run}
                 /api/evals/{run}/samples  /api/evals/{run}/samples/{sample id}
-                /api/gepa  /api/gepa/{run}
+                /api/evals/{run}/sharing (the runs sharing sample ids with it)
+                /api/sets  /api/sets/{set}  /api/training  /api/training/{run}  /api/gepa  /api/gepa/{run}
 Live (SSE):     /live/{session|eval|gepa}/{id}: one `data:` event of JSON numbers each time the
                 item changes, `event: done` when a run has finished (rollouts.view.live).
 
@@ -214,9 +216,31 @@ async def sample(ctx: ViewContext, r: Request) -> Response:
 
 async def compare(ctx: ViewContext, r: Request) -> Response:
     params = _params(r)
-    if len(r.query_params.getlist("run")) > 0:  # (the runs list's checkboxes: run=A&run=B...)
-        params["runs"] = ",".join(r.query_params.getlist("run"))
+    checked = r.query_params.getlist("run")
+    if checked:  # (the runs list's checkboxes: run=A&run=B..., base= the first one checked)
+        base = params.get("base", "")
+        params["runs"] = ",".join([base] * (base in checked) + [x for x in checked if x != base])
     return HTMLResponse(await pages.compare_page(ctx.catalog_for(r), ctx.links, params))
+
+
+async def eval_set(ctx: ViewContext, r: Request) -> Response:
+    return HTMLResponse(await pages.eval_set_page(ctx.catalog_for(r), ctx.links, _pp(r, "set_id"), _params(r)))
+
+
+def _has_training(ctx: ViewContext) -> None:
+    if not ctx.links.show_training:
+        raise NotFound("this viewer has no training runs (they are directories on disk: rollouts view DIR)")
+
+
+async def training_runs(ctx: ViewContext, r: Request) -> Response:
+    _has_training(ctx)
+    return HTMLResponse(await pages.training_runs_page(ctx.catalog_for(r), ctx.links, _params(r)))
+
+
+async def training_run(ctx: ViewContext, r: Request) -> Response:
+    _has_training(ctx)
+    page = await pages.training_run_page(ctx.catalog_for(r), ctx.links, _pp(r, "run_id"), _params(r))
+    return HTMLResponse(page)
 
 
 async def gepa_runs(ctx: ViewContext, r: Request) -> Response:
@@ -267,6 +291,11 @@ async def api_eval(ctx: ViewContext, r: Request) -> Response:
     return _json(await ctx.catalog_for(r).get_eval_run(_pp(r, "run_id")))
 
 
+async def api_sharing(ctx: ViewContext, r: Request) -> Response:
+    run_id = _pp(r, "run_id")
+    return _json({"run_id": run_id, "sharing": list(await ctx.catalog_for(r).runs_sharing_samples(run_id))})
+
+
 async def api_samples(ctx: ViewContext, r: Request) -> Response:
     p = _params(r)
     q = pages.sample_query(p)
@@ -276,6 +305,24 @@ async def api_samples(ctx: ViewContext, r: Request) -> Response:
 
 async def api_sample(ctx: ViewContext, r: Request) -> Response:
     return _json((await ctx.catalog_for(r).get_sample(_pp(r, "run_id"), _pp(r, "sample_id"))).to_dict())
+
+
+async def api_sets(ctx: ViewContext, r: Request) -> Response:
+    return _json(list(await ctx.catalog_for(r).list_eval_sets()))
+
+
+async def api_set(ctx: ViewContext, r: Request) -> Response:
+    return _json(await ctx.catalog_for(r).get_eval_set(_pp(r, "set_id")))
+
+
+async def api_training_runs(ctx: ViewContext, r: Request) -> Response:
+    _has_training(ctx)
+    return _json(list(await ctx.catalog_for(r).list_training_runs()))
+
+
+async def api_training_run(ctx: ViewContext, r: Request) -> Response:
+    _has_training(ctx)
+    return _json(await ctx.catalog_for(r).get_training_run(_pp(r, "run_id")))
 
 
 async def api_gepa_runs(ctx: ViewContext, r: Request) -> Response:
@@ -354,6 +401,9 @@ _ROUTES: tuple[tuple[str, Handler], ...] = (
     ("/evals/{run_id}", eval_run),
     ("/evals/{run_id}/samples/{sample_id:anytext}", sample),
     ("/compare", compare),
+    ("/sets/{set_id}", eval_set),
+    ("/training", training_runs),
+    ("/training/{run_id}", training_run),
     ("/text/sample", sample_text),
     ("/text/session", session_text),
     ("/gepa", gepa_runs),
@@ -364,7 +414,12 @@ _ROUTES: tuple[tuple[str, Handler], ...] = (
     ("/api/evals", api_evals),
     ("/api/evals/{run_id}", api_eval),
     ("/api/evals/{run_id}/samples", api_samples),
+    ("/api/evals/{run_id}/sharing", api_sharing),
     ("/api/evals/{run_id}/samples/{sample_id:anytext}", api_sample),
+    ("/api/training", api_training_runs),
+    ("/api/training/{run_id}", api_training_run),
+    ("/api/sets", api_sets),
+    ("/api/sets/{set_id}", api_set),
     ("/api/gepa", api_gepa_runs),
     ("/api/gepa/{run_id}", api_gepa_run),
     ("/live/{kind}/{item_id}", live),

@@ -2,7 +2,7 @@
 no server, no script): `rollouts view --bundle DIR [PATHS...]`.
 
     DIR/index.html  sessions.html  sessions/<id>.html  sessions/<id>.diff.html
-        evals.html  evals/<run>.html  evals/<run>/<sample hash>.html
+        evals.html  evals/<run>.html  evals/<run>/<sample hash>.html  sets/<set>.html  training.html  training/<run>.html
         gepa.html   gepa/<run>.html  gepa/<run>/c<idx>.html  static/style.css  static/favicon.svg
 
 Lists hold their first page (filters and later pages need the server); each session listed,
@@ -63,6 +63,11 @@ async def write_bundle(catalog: Catalog, out: Path, *, max_sessions: int = 200) 
         for row in first_pages[r.run_id].items:
             name = sample_file_name(row.sample_id)
             await page(f"evals/{r.run_id}/{name}.html", pages.sample_page, r.run_id, row.sample_id)
+    for st in await catalog.list_eval_sets():
+        await page(f"sets/{st.set_id}.html", pages.eval_set_page, st.set_id)
+    await page("training.html", pages.training_runs_page)
+    for t in await catalog.list_training_runs():
+        await page(f"training/{t.run_id}.html", pages.training_run_page, t.run_id)
     await page("gepa.html", pages.gepa_runs_page)
     for g in await catalog.list_gepa_runs():
         await page(f"gepa/{g.run_id}.html", pages.gepa_run_page, g.run_id)

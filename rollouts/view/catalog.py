@@ -225,6 +225,98 @@ class Comparison:
 
 
 # --------------------------------------------------------------------------------------------
+# eval sets (rollouts.eval.sets: every task x model pair in one directory, with an index.json)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvalSetCell:
+    """One task x model pair of an eval set, as the set's comparison holds it: `mean` reward
+    over `n` units with its `ci` (bootstrap, or normal past the draw limit: `ci_method`), and
+    `run_id` the pair's run in this viewer (None until its directory exists)."""
+
+    task: str
+    model: str
+    status: str
+    n: int = 0
+    mean: float | None = None
+    ci: tuple[float, float] | None = None
+    ci_method: str = ""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    samples: int = 0
+    failed: int = 0
+    epochs: Mapping[str, float] = field(default_factory=dict)
+    error: str = ""
+    run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class EvalSetRow:
+    set_id: str
+    name: str
+    location: str
+    tasks: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+    completed: int = 0
+    failed: int = 0
+    pending: int = 0  # pending, running or cancelled pairs
+    confidence: float = 0.95
+
+
+@dataclass(frozen=True)
+class EvalSetDetail:
+    row: EvalSetRow
+    cells: tuple[EvalSetCell, ...]  # task by task, each task's models in the set's order
+
+    def by_task(self) -> list[tuple[str, list[EvalSetCell]]]:
+        """(task, its cells) in the set's task order."""
+        out: dict[str, list[EvalSetCell]] = {}
+        for c in self.cells:
+            out.setdefault(c.task, []).append(c)
+        return list(out.items())
+
+
+# --------------------------------------------------------------------------------------------
+# training runs (rollouts.training.grpo: <output_dir>/log.jsonl, checkpoints/, steps/)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainingStep:
+    """One line of a training log: its numbers by name, and the eval run holding the step's
+    rollouts when the run kept them (`GRPOConfig.keep_step_samples`)."""
+
+    step: int
+    values: Mapping[str, float]
+    samples_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainingRunRow:
+    run_id: str
+    name: str
+    location: str
+    steps: int = 0
+    last_step: int | None = None
+    reward_first: float | None = None
+    reward_last: float | None = None
+    heldout_last: float | None = None
+    checkpoints: int = 0
+    updated_at: str = ""
+
+
+@dataclass(frozen=True)
+class TrainingRunDetail:
+    row: TrainingRunRow
+    steps: tuple[TrainingStep, ...]
+    keys: tuple[str, ...]  # every number a step of the log has, in first-seen order
+
+    def series(self, key: str) -> list[tuple[float, float]]:
+        """(step, value) of every step that has `key`."""
+        return [(float(s.step), s.values[key]) for s in self.steps if key in s.values]
+
+
+# --------------------------------------------------------------------------------------------
 # GEPA
 # --------------------------------------------------------------------------------------------
 
@@ -291,6 +383,19 @@ class Catalog(Protocol):
     async def get_sample(self, run_id: str, sample_id: str) -> Sample: ...
 
     async def compare_runs(self, run_a: str, run_b: str, *, offset: int = 0, limit: int = 50) -> Comparison: ...
+
+    async def runs_sharing_samples(self, run_id: str) -> Sequence[str]:
+        """The other runs that share at least one sample id with `run_id` (the ones worth
+        comparing with it), in the order of `list_eval_runs`."""
+        ...
+
+    async def list_eval_sets(self) -> Sequence[EvalSetRow]: ...
+
+    async def get_eval_set(self, set_id: str) -> EvalSetDetail: ...
+
+    async def list_training_runs(self) -> Sequence[TrainingRunRow]: ...
+
+    async def get_training_run(self, run_id: str) -> TrainingRunDetail: ...
 
     async def list_gepa_runs(self) -> Sequence[GepaRunRow]: ...
 

@@ -6,7 +6,8 @@
         page = await catalog.list_samples(run_id, SampleQuery(sort="reward"))
 
 Each path may be a session store root (directories named by session id), an eval output
-directory (samples.jsonl, report.json), a GEPA run directory (state.json / result.json), or a
+directory (samples.jsonl, report.json), an eval set (index.json naming its task x model runs,
+which are found where it says), a training run (log.jsonl; its steps' samples in steps/), a GEPA run directory (state.json / result.json), or a
 directory holding such directories (searched two levels down). Sessions and samples are served
 from SQLite indexes in `cache_dir` (see rollouts.view._index), so a page never reads a whole
 big file: a sample is read from its byte range, a session's transcript window through the
@@ -38,12 +39,17 @@ from rollouts.store.base import SessionError, is_session_id
 from rollouts.store.files import FileSessionStore, default_sessions_dir
 from rollouts.view._gepa_files import REFLECTIONS_FILE, is_gepa_dir, read_gepa_dir, read_reflections
 from rollouts.view._index import EvalIndex, SessionIndex
+from rollouts.view._run_dirs import RunDirs
+from rollouts.view._set_files import pair_dirs, read_index
 from rollouts.view._sql import SAMPLE_COLS, SESSION_COLS, files_columns, sample_row, session_row, session_where
+from rollouts.view._training_files import LOG_FILE, is_training_dir, step_dirs
 from rollouts.view.catalog import (
     CompareRow,
     Comparison,
     EvalRunDetail,
     EvalRunRow,
+    EvalSetDetail,
+    EvalSetRow,
     GepaRunDetail,
     GepaRunRow,
     NotFound,
@@ -55,6 +61,8 @@ from rollouts.view.catalog import (
     SessionNode,
     SessionQuery,
     SessionRow,
+    TrainingRunDetail,
+    TrainingRunRow,
     clamp_page,
 )
 from rollouts.view.sql import compile_compare, compile_samples
@@ -98,6 +106,7 @@ class _EvalSource:
     run_id: str
     path: Path
     index: EvalIndex
+    listed: bool = True  # False: a training step's samples (linked from the run, not in the runs list)
     stats_key: Any = None
     stats: dict[str, Any] = field(default_factory=dict)
 
@@ -156,6 +165,7 @@ class FilesCatalog:
         self.refresh_interval = refresh_interval
         self._evals: dict[str, _EvalSource] = {}
         self._gepa: dict[str, _GepaSource] = {}
+        self._dirs = RunDirs(self._listed_run_id, lambda: len(self._evals))
         self._stores: dict[Path, _StoreSource] = {}
         self._indexed = trio.Event()  # set after each indexing pass (replaced by a fresh one)
         self._wake = trio.Event()
@@ -180,14 +190,27 @@ class FilesCatalog:
         for p in self.paths:
             self._discover(p, _SCAN_DEPTH)
 
-    def _discover(self, path: Path, depth: int) -> None:
+    def _discover(self, path: Path, depth: int, *, listed: bool = True) -> None:
         if not path.is_dir():
             return
         if (path / "samples.jsonl").is_file():
             rid = _slug(path)
             if rid not in self._evals:
                 idx = EvalIndex(_index_file(self.cache_dir, "eval", path), path / "samples.jsonl")
-                self._evals[rid] = _EvalSource(rid, path, idx)
+                self._evals[rid] = _EvalSource(rid, path, idx, listed)
+            return
+        if (path / LOG_FILE).is_file() and is_training_dir(path):  # a training run, and its steps' samples
+            rid = _slug(path)
+            self._dirs.add_training(rid, path)
+            for d in step_dirs(path):
+                self._discover(d, 0, listed=False)
+            return
+        index = read_index(path) if (path / "index.json").is_file() else None
+        if index is not None:  # an eval set: its pairs' run directories are where its index says
+            rid = _slug(path)
+            self._dirs.add_set(rid, path)
+            for d in pair_dirs(path, index):
+                self._discover(d, 0)
             return
         if is_gepa_dir(path):
             rid = _slug(path)
@@ -391,7 +414,7 @@ class FilesCatalog:
 
     async def list_eval_runs(self) -> Sequence[EvalRunRow]:
         await self._without_indexer()
-        srcs = list(self._evals.values())
+        srcs = [s for s in self._evals.values() if s.listed]
         return await trio.to_thread.run_sync(lambda: [self._eval_row(s) for s in srcs])
 
     async def get_eval_run(self, run_id: str) -> EvalRunDetail:
@@ -471,6 +494,48 @@ class FilesCatalog:
             )
 
         return await trio.to_thread.run_sync(run)
+
+    async def runs_sharing_samples(self, run_id: str) -> Sequence[str]:
+        src = self._eval(run_id)
+        await self._without_indexer()
+        others = [o for o in self._evals.values() if o.run_id != run_id and o.listed]
+
+        def shares(db: sqlite3.Connection, other: _EvalSource) -> bool:
+            db.execute("ATTACH DATABASE ? AS other", (str(other.index.db_path),))
+            try:
+                hit = db.execute("SELECT 1 FROM main.samples x JOIN other.samples y ON x.id = y.id LIMIT 1").fetchone()
+            except sqlite3.OperationalError:  # (an index not created yet: nothing shared so far)
+                hit = None
+            finally:
+                db.execute("DETACH DATABASE other")
+            return hit is not None
+
+        def run() -> list[str]:
+            with src.index.read() as db:
+                return [o.run_id for o in others if shares(db, o)]
+
+        return await trio.to_thread.run_sync(run)
+
+    # ----------------------------------------------------------------------------------------
+    # eval sets and training runs (rollouts.view._run_dirs)
+    # ----------------------------------------------------------------------------------------
+
+    def _listed_run_id(self, path: Path) -> str | None:
+        """The id of the eval run at `path` (resolved), if the catalog has it."""
+        rid = _slug(path)
+        return rid if rid in self._evals else None
+
+    async def list_eval_sets(self) -> Sequence[EvalSetRow]:
+        return await self._dirs.list_eval_sets()
+
+    async def get_eval_set(self, set_id: str) -> EvalSetDetail:
+        return await self._dirs.get_eval_set(set_id)
+
+    async def list_training_runs(self) -> Sequence[TrainingRunRow]:
+        return await self._dirs.list_training_runs()
+
+    async def get_training_run(self, run_id: str) -> TrainingRunDetail:
+        return await self._dirs.get_training_run(run_id)
 
     # ----------------------------------------------------------------------------------------
     # GEPA

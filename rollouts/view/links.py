@@ -29,10 +29,19 @@ class ServerLinks:
 
     static_bundle = False
 
-    def __init__(self, prefix: str = "", nav: tuple[tuple[str, str], ...] = (), *, show_sessions: bool = True) -> None:
+    def __init__(
+        self,
+        prefix: str = "",
+        nav: tuple[tuple[str, str], ...] = (),
+        *,
+        show_sessions: bool = True,
+        show_training: bool | None = None,
+    ) -> None:
         self.prefix = prefix.rstrip("/")
         self.nav = nav  # (label, url) of pages a host app adds (the service: batches, GEPA jobs, agents)
         self.show_sessions = show_sessions  # False: the catalog has no sessions (the service): no link to them
+        # training runs are directories on disk: shown where sessions are (not in the service)
+        self.show_training = show_sessions if show_training is None else show_training
 
     def _u(self, path: str) -> str:
         return self.prefix + path
@@ -74,9 +83,22 @@ class ServerLinks:
         """Where the compare form is sent (its fields give the runs)."""
         return self._u("/compare")
 
+    def sharing(self, run_id: str) -> str | None:
+        """JSON: the runs that share sample ids with `run_id` (what the compare form offers)."""
+        return self._u(f"/api/evals/{quote(run_id, safe='')}/sharing")
+
     def compare_runs(self, run_ids: list[str], vs: str, **query: Any) -> str | None:
         """N runs side by side, the first the baseline; the sample table against `vs`."""
         return self._u("/compare" + _query({"runs": ",".join(run_ids), "vs": vs, **query}))
+
+    def eval_set(self, set_id: str) -> str | None:
+        return self._u(f"/sets/{quote(set_id, safe='')}")
+
+    def training_runs(self) -> str:
+        return self._u("/training")
+
+    def training_run(self, run_id: str, **query: Any) -> str | None:
+        return self._u(f"/training/{quote(run_id, safe='')}" + _query(query))
 
     def gepa_runs(self) -> str:
         return self._u("/gepa")
@@ -106,6 +128,7 @@ class BundleLinks:
     static_bundle = True
     nav: tuple[tuple[str, str], ...] = ()
     show_sessions = True
+    show_training = True
 
     def __init__(
         self, current: str, *, sessions: set[str] | None = None, samples: set[tuple[str, str]] | None = None
@@ -156,8 +179,20 @@ class BundleLinks:
     def compare_form(self) -> str | None:
         return None
 
+    def sharing(self, run_id: str) -> str | None:
+        return None
+
     def compare_runs(self, run_ids: list[str], vs: str, **query: Any) -> str | None:
         return None
+
+    def eval_set(self, set_id: str) -> str | None:
+        return self._rel(f"sets/{set_id}.html")
+
+    def training_runs(self) -> str:
+        return self._rel("training.html")
+
+    def training_run(self, run_id: str, **query: Any) -> str | None:
+        return None if _query(query) else self._rel(f"training/{run_id}.html")
 
     def gepa_runs(self) -> str:
         return self._rel("gepa.html")

@@ -26,6 +26,7 @@ from rollouts.view.catalog import (
     SessionQuery,
 )
 from rollouts.view.links import Links
+from rollouts.view.plots import ci_plot, line_plot
 from rollouts.view.render import (
     best_score_points,
     branch_diff,
@@ -118,7 +119,10 @@ async def index_page(catalog: Catalog, links: Links, params: Params) -> str:
     sessions = await catalog.list_sessions(SessionQuery(limit=10))
     evals = await catalog.list_eval_runs()
     gepa = await catalog.list_gepa_runs()
-    return render("index.html", links, title="rollouts view", sessions=sessions, evals=evals, gepa=gepa)
+    sets = await catalog.list_eval_sets()
+    training = await catalog.list_training_runs() if links.show_training else ()
+    return render("index.html", links, title="rollouts view", sessions=sessions, evals=evals, gepa=gepa, sets=sets,
+                  training=training)  # fmt: skip
 
 
 async def sessions_page(catalog: Catalog, links: Links, params: Params) -> str:
@@ -175,7 +179,8 @@ async def evals_page(catalog: Catalog, links: Links, params: Params) -> str:
     descending = params.get("order", "desc" if sort in ("date", "score", "samples") else "asc") == "desc"
     runs.sort(key=RUN_SORTS[sort], reverse=descending)
     form = {"q": params.get("q", ""), "sort": sort, "order": "desc" if descending else "asc"}
-    return render("evals.html", links, title="Evaluations", runs=runs, form=form)
+    sets = await catalog.list_eval_sets()
+    return render("evals.html", links, title="Evaluations", runs=runs, form=form, sets=sets)
 
 
 def sample_query(params: Params) -> SampleQuery:
@@ -208,7 +213,7 @@ async def eval_run_page(catalog: Catalog, links: Links, run_id: str, params: Par
     detail = await catalog.get_eval_run(run_id)
     q = sample_query(params)
     page = await catalog.list_samples(run_id, q)
-    others = [r for r in await catalog.list_eval_runs() if r.run_id != run_id]
+    others, unrelated = await _comparable(catalog, run_id)
     form = {k: params.get(k, "") for k in _SAMPLE_PARAMS}
     return render(
         "eval_run.html",
@@ -220,11 +225,21 @@ async def eval_run_page(catalog: Catalog, links: Links, run_id: str, params: Par
         q=q,
         form=form,
         others=others,
+        unrelated=unrelated,
         sorts=SAMPLE_SORTS,
         ops=METRIC_OPS,
         live_query={k: v for k, v in params.items() if k in (*_SAMPLE_PARAMS, "page") and v},
         table_query=_table_query(params),
     )
+
+
+async def _comparable(catalog: Catalog, run_id: str, exclude: Sequence[str] = ()) -> tuple[list[EvalRunRow], int]:
+    """The runs worth comparing with `run_id` (they share sample ids with it; none of
+    `exclude`), and how many other runs do not."""
+    sharing = set(await catalog.runs_sharing_samples(run_id))
+    rest = [r for r in await catalog.list_eval_runs() if r.run_id != run_id and r.run_id not in exclude]
+    offered = [r for r in rest if r.run_id in sharing]
+    return offered, len(rest) - len(offered)
 
 
 def _table_query(params: Params) -> dict[str, str]:
@@ -352,8 +367,61 @@ async def compare_page(catalog: Catalog, links: Links, params: Params) -> str:
         c = cmp if other == vs else await catalog.compare_runs(ids[0], other, limit=1)
         runs.append(CompareRun((await catalog.get_eval_run(other)).row, c.shared, c.regressed, c.improved))
     metrics = sorted({name for r in runs for name in r.row.metrics})
+    addable, unrelated = await _comparable(catalog, ids[0], ids) if len(ids) < COMPARE_MAX else ([], 0)
     return render("compare.html", links, title="Compare runs", c=cmp, page_no=page_no, runs=runs, ids=ids, vs=vs,
-                  metrics=metrics)  # fmt: skip
+                  metrics=metrics, addable=addable, unrelated=unrelated)  # fmt: skip
+
+
+async def eval_set_page(catalog: Catalog, links: Links, set_id: str, params: Params) -> str:
+    """An eval set: per task, each model's mean reward with its interval, n, failures, metrics
+    and epoch reducers, linked to the pair's run; the task's runs compared sample by sample."""
+    d = await catalog.get_eval_set(set_id)
+    tasks = []
+    for task, cells in d.by_task():
+        runs = [c.run_id for c in cells if c.run_id is not None]
+        compare = links.compare_runs(runs, runs[1]) if 2 <= len(runs) <= COMPARE_MAX else None
+        tasks.append({
+            "name": task, "cells": cells, "plot": ci_plot(cells, confidence=d.row.confidence), "compare": compare,
+            "metrics": sorted({m for c in cells for m in c.metrics}),
+            "reducers": list(dict.fromkeys(r for c in cells for r in c.epochs)),
+        })  # fmt: skip
+    return render("eval_set.html", links, title=f"Eval set {d.row.name}", d=d, tasks=tasks)
+
+
+async def training_runs_page(catalog: Catalog, links: Links, params: Params) -> str:
+    runs = await catalog.list_training_runs()
+    return render("training_runs.html", links, title="Training runs", runs=runs)
+
+
+# (log key, title) of the curves a training run's page draws, in this order
+TRAINING_CURVES = (("reward_mean", "reward"), ("heldout_reward", "held-out reward"), ("kl", "KL"),
+                   ("loss", "loss"), ("seconds", "seconds per step"))  # fmt: skip
+MORE_CURVES = (("entropy", "entropy"), ("grad_norm", "gradient norm"), ("lr", "learning rate"),
+               ("reward_std", "reward std"), ("tokens_per_s", "tokens per second"))  # fmt: skip
+TRAINING_STEPS_PAGE = 100
+
+
+async def training_run_page(catalog: Catalog, links: Links, run_id: str, params: Params) -> str:
+    """A training run: its curves (drawn here as SVG; a step's dot links to its rollouts when
+    the run kept them) and its steps, newest first, each linked to its rollouts."""
+    d = await catalog.get_training_run(run_id)
+    hrefs = {
+        float(s.step): links.eval_run(s.samples_run_id) for s in d.steps if s.samples_run_id is not None
+    }  # fmt: skip
+
+    def curve(key: str, title: str) -> Any:
+        return line_plot(d.series(key), title=title, hrefs=hrefs)
+
+    curves = [curve(k, t) for k, t in TRAINING_CURVES]
+    more = [curve(k, t) for k, t in MORE_CURVES if k in d.keys]
+    page_no = _page_number(params)
+    newest = list(reversed(d.steps))
+    shown = newest[(page_no - 1) * TRAINING_STEPS_PAGE : page_no * TRAINING_STEPS_PAGE]
+    columns = [k for k in ("reward_mean", "heldout_reward", "kl", "loss", "entropy", "grad_norm", "lr", "seconds",
+                           "failed") if k in d.keys]  # fmt: skip
+    return render("training_run.html", links, title=f"Training {d.row.name}", d=d, curves=curves, more=more,
+                  steps=shown, columns=columns, page_no=page_no,
+                  has_next=page_no * TRAINING_STEPS_PAGE < len(newest), has_heldout="heldout_reward" in d.keys)  # fmt: skip
 
 
 async def gepa_runs_page(catalog: Catalog, links: Links, params: Params) -> str:

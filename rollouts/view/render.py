@@ -154,6 +154,8 @@ class TimelineEvent:
     attempts: int | None = None
     finish: str = ""
     error: bool = False
+    raw_request: str = ""  # the call's raw request and response, when the run recorded them
+    raw_response: str = ""
 
 
 def _seconds_between(start: str | None, end: str | None) -> float | None:
@@ -187,6 +189,7 @@ def timeline(trajectory: Any) -> list[TimelineEvent]:
                 input_tokens=u.input_tokens if u else None, output_tokens=u.output_tokens if u else None,
                 cost_usd=u.cost_usd if u else None, attempts=c.attempts if c else None,
                 finish=(c.finish_reason or "") if c else "", error=message_is_error(m),
+                raw_request=_pretty_raw(c.raw_request) if c else "", raw_response=(c.raw_response or "") if c else "",
             ))  # fmt: skip
         elif m.role == "tool":
             name, started = calls.get(m.tool_call_id or "", (str((m.details or {}).get("tool_name") or "tool"), None))
@@ -195,6 +198,16 @@ def timeline(trajectory: Any) -> list[TimelineEvent]:
         elif m.role == "user" and i > 0:
             events.append(TimelineEvent(i, "user", "user message"))
     return events
+
+
+def _pretty_raw(text: str | None) -> str:
+    """A recorded request, indented when it is whole JSON (a cut one is shown as stored)."""
+    if not text:
+        return ""
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
 
 
 def message_is_error(message: Message) -> bool:
