@@ -99,6 +99,10 @@ async def test_a_training_run_is_listed_with_its_steps_linked_to_their_samples(
     assert [r.name for r in await catalog.list_eval_runs()] == []
     plain = await catalog.get_training_run(rows["grpo-plain"].run_id)
     assert all(s.samples_run_id is None for s in plain.steps)
+    # a static copy links only pages it has (the steps' samples get none)
+    await write_bundle(catalog, tmp_path / "bundle")
+    html = (tmp_path / "bundle" / "training" / f"{kept.run_id}.html").read_text()
+    assert html.count("<svg") == 10 and "../evals/" not in html
 
 
 async def test_a_held_out_curve_is_drawn_when_the_log_has_one(

@@ -142,6 +142,11 @@ def add_parser(sub: Any) -> None:
         help="recompute layer activations in the backward pass instead of keeping them (less memory, slower)",
     )
     g.add_argument(
+        "--keep-step-samples",
+        action="store_true",
+        help="also write each step's rollouts to OUTPUT/steps/step_NNNNNN/ (rollouts view links them from the step)",
+    )
+    g.add_argument(
         "--nproc-per-node",
         type=int,
         default=1,
@@ -338,6 +343,7 @@ def _train(args: argparse.Namespace, main_rank: bool) -> int:
         dtype=args.dtype,
         gradient_checkpointing=args.gradient_checkpointing,
         prepare_messages=prepare,
+        keep_step_samples=args.keep_step_samples,
         parallel=args.parallel,
     )
 

@@ -1,4 +1,4 @@
-"""`rollouts view`: the web UI over sessions, eval runs and GEPA runs on this machine.
+"""`rollouts view`: the web UI over sessions, eval runs and sets, GEPA runs and training runs on this machine.
 
 Serves on 127.0.0.1 (any free port unless --port) and prints the URL; or, with --bundle DIR,
 writes a static copy of the pages that opens from disk.
@@ -23,8 +23,9 @@ examples:
   rollouts view results/ --port 8765
   rollouts view --bundle report/ results/run1 results/run2   # static pages: open report/index.html
 
-Each PATH is a session store, an eval output directory (samples.jsonl, report.json), a GEPA run
-directory (state.json, result.json), or a directory holding such directories (two levels down).
+Each PATH is a session store, an eval output directory (samples.jsonl, report.json), an eval set
+(index.json of `rollouts eval-set`), a GEPA run directory (state.json, result.json), a training run
+(log.jsonl of `rollouts train`), or a directory holding such directories (two levels down).
 Indexes are kept in $ROLLOUTS_VIEW_CACHE (default ~/.cache/rollouts/view).
 """
 
@@ -32,8 +33,9 @@ Indexes are kept in $ROLLOUTS_VIEW_CACHE (default ~/.cache/rollouts/view).
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "view",
-        help="browse sessions, evaluations and GEPA runs in a web page",
-        description="Serve a web UI over session stores, eval output directories and GEPA run directories.",
+        help="browse sessions, evaluations, GEPA and training runs in a web page",
+        description="Serve a web UI over session stores, eval output directories and sets, GEPA run directories "
+        "and training runs.",
         epilog=EXAMPLES,
         formatter_class=HelpFormatter,
     )

@@ -129,9 +129,12 @@ def extract_text_tool_calls(
     return calls, _without_fragments("".join(kept))
 
 
-_FRAGMENT = re.compile(r"[\s{}\[\](),;:`]*")
+# Leftover punctuation and wrapper markers: a fence opened before several calls (```json) stays
+# behind when only the first is taken, or when the calls are cut out one by one.
+_FRAGMENT = re.compile(r"(?:[\s{}\[\](),;:`]|```(?:json|tool_call|tool)|</?tool_call>)*")
 
 
 def _without_fragments(rest: str) -> str:
-    """`rest` (the text around extracted calls), or "" if it is only leftover punctuation."""
+    """`rest` (the text around extracted calls), or "" if it is only leftover punctuation and
+    wrapper markers (fences, `<tool_call>` tags)."""
     return "" if _FRAGMENT.fullmatch(rest) else rest
