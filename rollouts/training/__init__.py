@@ -6,12 +6,11 @@
 
 Install with `pip install torch==2.13.0 'rollouts[train]'` (the CPU build of torch first).
 Modules: `config` (GRPOConfig, the learning-rate schedule), `sample` (TrainingSample,
-advantages), `grpo` (the loop), `checkpoints` (checkpoints and what a resume must share),
-`backends` (the TrainingBackend / InferenceBackend protocols, in-process and served policies),
-`torch_backend` (TorchBackend), `lora` (LoRA adapters through peft, bf16, gradient
-checkpointing), `distributed` (torchrun: DDP / FSDP2), `tiny` (a tiny test model). Packaged
-model files live in
-`rollouts.local_model.packaged`.
+advantages), `grpo` (the loop), `heldout` (held-out evaluation during training),
+`checkpoints` (checkpoints and what a resume must share), `backends` (the TrainingBackend /
+InferenceBackend protocols, in-process and served policies), `torch_backend` (TorchBackend),
+`lora` (LoRA adapters through peft, bf16, gradient checkpointing), `distributed` (torchrun: DDP /
+FSDP2), `tiny` (a tiny test model). Packaged model files live in `rollouts.local_model.packaged`.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from rollouts.training.backends import InferenceBackend, InProcessPolicy, Served
 from rollouts.training.config import GRPOConfig, learning_rate
 from rollouts.training.distributed import DistributedError, World
 from rollouts.training.grpo import GRPOResult, StepResult, TrainingError, grpo_train, prompts_for_step
+from rollouts.training.heldout import HeldOut, HeldOutResult, evaluate_heldout
 from rollouts.training.lora import load_adapted, prepare_model
 from rollouts.training.sample import TrainingSample, group_advantages, token_view, with_group_advantages
 from rollouts.training.torch_backend import TorchBackend, sequence_logprobs
@@ -71,6 +71,8 @@ __all__ = [
     "DistributedError",
     "GRPOConfig",
     "GRPOResult",
+    "HeldOut",
+    "HeldOutResult",
     "InProcessPolicy",
     "InferenceBackend",
     "ServedPolicy",
@@ -80,6 +82,7 @@ __all__ = [
     "TrainingError",
     "TrainingSample",
     "World",
+    "evaluate_heldout",
     "grpo_train",
     "group_advantages",
     "learning_rate",

@@ -16,7 +16,9 @@ Each step:
    mean negative log-prob —, grad norm, lr, tokens, seconds) and every `checkpoint_every` steps
    writes a checkpoint (weights, optimizer, RNG, step) to `<output_dir>/checkpoints/step_NNNNNN`,
    atomically (`rollouts.training.checkpoints`); with `keep_step_samples`, the step's rollouts
-   go to `<output_dir>/steps/step_NNNNNN/` (an eval output directory the viewer links from the step).
+   go to `<output_dir>/steps/step_NNNNNN/` (an eval output directory the viewer links from the step);
+   with `heldout`, every `heldout.every` steps the line also has the policy's greedy reward on
+   rows it never trains on (`heldout_reward`, `rollouts.training.heldout`).
 
 Under `torchrun` with N processes (`rollouts.training.distributed`; the backend joins the process
 group in `initialize`) every rank runs this same loop on the same prompt list: each rolls out its
@@ -42,7 +44,7 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,7 @@ from rollouts.training.distributed import (
     current_world,
     report_failure,
 )
+from rollouts.training.heldout import HeldOut, heldout_metrics
 from rollouts.training.sample import TrainingSample, with_group_advantages
 
 LOG_FILE = "log.jsonl"
@@ -165,9 +168,12 @@ async def grpo_train(
     backend: TrainingBackend,
     inference: InferenceBackend,
     on_step: OnStep | None = None,
+    heldout: HeldOut | None = None,
 ) -> GRPOResult:
     """Run GRPO (see the module docstring); resumes from `config.output_dir` if it holds a
-    checkpoint of the same configuration."""
+    checkpoint of the same configuration. `heldout`: rows evaluated greedily every
+    `heldout.every` steps, written to the log as `heldout_reward` (not part of what a resume
+    must share: it changes no weight)."""
     if not prompts:
         raise ConfigurationError("grpo_train: no prompts")
     for i, p in enumerate(prompts):
@@ -178,7 +184,7 @@ async def grpo_train(
     fingerprint = RunFingerprint.of(config, prompts, score_fn, environment_factory, identity)
     await backend.initialize()  # joins the process group under torchrun
     world = current_world()
-    run = _Run(config, prompts, score_fn, environment_factory, backend, inference, fingerprint, world)
+    run = _Run(config, prompts, score_fn, environment_factory, backend, inference, fingerprint, world, heldout)
     try:
         if world.size > config.batch_size:
             raise ConfigurationError(
@@ -207,6 +213,7 @@ class _Run:
     inference: InferenceBackend
     fingerprint: RunFingerprint
     world: World
+    heldout: HeldOut | None = None
 
 
 async def _train(run: _Run, on_step: OnStep | None) -> GRPOResult:
@@ -226,6 +233,11 @@ async def _train(run: _Run, on_step: OnStep | None) -> GRPOResult:
         metrics = await run.backend.train_step(batch, learning_rate(config, step))
         await run.inference.sync(run.backend, step)
         result = _step_result(step, batch, metrics, t0, t_rollout, time.perf_counter(), world)
+        extra: dict[str, float] = {}
+        if world.is_main:  # rank 0 evaluates the held-out rows; the others wait for it
+            extra = await heldout_metrics(run.heldout, step, run.inference, config, run.environment_factory)
+        extra = broadcast(world, extra, f"receiving step {step}'s held-out result")
+        result = replace(result, metrics={**result.metrics, **extra})
         if world.is_main:
             _append_line(out / LOG_FILE, json.dumps(result.to_dict()))
         if (step + 1) % config.checkpoint_every == 0 or step == config.num_steps - 1:
