@@ -174,7 +174,7 @@ async def live_numbers(
     if kind == "training":
         t = await catalog.get_training_run(item_id)
         data = {"steps": num(t.row.steps), "reward_last": num(t.row.reward_last),
-                "heldout_last": num(t.row.heldout_last), "curves": str(pages.training_curves(t, links))}  # fmt: skip
+                "heldout_last": num(t.row.heldout_last) or "—", "curves": str(pages.training_curves(t, links))}  # fmt: skip
         return data, not t.row.active
     if kind == "session":
         s = await catalog.get_session(item_id, limit=1)
