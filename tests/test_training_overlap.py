@@ -31,6 +31,7 @@ from rollouts.training import (
     grpo_train,
     local_policy,
 )
+from rollouts.training.distributed import World
 from rollouts.training.grpo import _rollout_batch, _Run, _training_batch
 from rollouts.training.overlap import overlaps_after
 from rollouts.training.tiny import tiny_chat_model
@@ -67,9 +68,8 @@ async def _strict_alternation(config: GRPOConfig, model: Any, tokenizer: Any) ->
 
     backend, policy = local_policy(model, tokenizer, config, name="strict-reference")
     identity = backend.model_identity()
-    run = _Run(
-        config, PROMPTS, sevens, None, backend, policy, RunFingerprint.of(config, PROMPTS, sevens, None, identity)
-    )
+    fingerprint = RunFingerprint.of(config, PROMPTS, sevens, None, identity)
+    run = _Run(config, PROMPTS, sevens, None, backend, policy, fingerprint, World())
     await backend.initialize()
     rewards = []
     for step in range(config.num_steps):
