@@ -30,11 +30,16 @@ the equation form.)
    training rows, never its worked example 2 + 1): reward 1.0 when the run completed the task with the calculator at
    the sum, 0.5 when it made at least one valid tool call, else 0; held-out before and after.
 
+4. ddp2: the single-turn run of 1. (without its held-out measurements) in 2 processes under
+   torchrun, data parallel with DDP over gloo (`benchmarks/grpo_ddp.py`): `ddp2_sec_per_step` beside
+   `sec_per_step`, with the same threads per process; `--only-ddp2` runs this part alone,
+   `--skip-ddp2` leaves it out.
+
 Peak memory is the process's peak RSS after our single-turn run (before trl is imported).
 Run: python benchmarks/grpo.py [--steps 25] [--model smollm2-135m | tiny]
 Last line: JSON with heldout_reward_before, heldout_reward_after, trl_heldout_reward_before,
 trl_heldout_reward_after, steps, sec_per_step, trl_sec_per_step, sec_per_step_ratio_to_trl, peak_rss_mb, multiturn_reward_before,
-multiturn_reward_after, the reward curves and load_average (the machine's load when it ran).
+multiturn_reward_after, ddp2_sec_per_step, the reward curves and load_average (the machine's load when it ran).
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ from rollouts.providers.transformers_local import register_transformers_model
 from rollouts.run_config import RunConfig
 from rollouts.training import GRPOConfig, HeldOut, evaluate_heldout, grpo_train, load_causal_lm, local_policy
 from rollouts.training.tiny import tiny_chat_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grpo_ddp import run_ddp2
 
 SYSTEM = "Answer with only the number."
 EXAMPLE_PAIR = (2, 3)
@@ -458,6 +466,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--skip-ddp2", action="store_true", help="leave out the 2-process DDP run")
+    parser.add_argument("--only-ddp2", action="store_true", help="only the 2-process DDP run (ddp2_sec_per_step)")
     parser.add_argument("--skip-multiturn", action="store_true")
     parser.add_argument("--skip-single", action="store_true", help="skip the single-turn runs (ours and trl)")
     parser.add_argument(
@@ -473,6 +483,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
+    if args.only_ddp2:
+        figures = {"model": args.model, "steps": args.steps, "group": args.group, **run_ddp2(sys.argv[1:])}
+        figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in figures.items()}))
+        return
 
     t0 = time.perf_counter()
     if args.model == "tiny":
@@ -500,6 +515,8 @@ def main() -> None:
         model.load_state_dict(start)
         if not args.skip_multiturn:
             result.update(trio.run(run_multiturn, model, tokenizer, args, Path(tmp) / "multiturn"))
+    if not args.skip_ddp2:
+        result.update(run_ddp2(sys.argv[1:]))
     result["load_s"] = round(load_s, 1)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     result["peak_rss_mb_with_trl"] = round(peak_rss_mb(), 1)
