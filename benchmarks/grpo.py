@@ -30,8 +30,8 @@ the equation form.)
    training rows, never its worked example 2 + 1): reward 1.0 when the run completed the task with the calculator at
    the sum, 0.5 when it made at least one valid tool call, else 0; held-out before and after.
 
-4. ddp2: the single-turn run of 1. (without its held-out measurements) in 2 processes under
-   torchrun, data parallel with DDP over gloo (`benchmarks/grpo_ddp.py`): `ddp2_sec_per_step` beside
+4. ddp2 (run first, before this process loads its model): the single-turn run of 1. (without
+   its held-out measurements) in 2 processes under torchrun, data parallel with DDP over gloo (`benchmarks/grpo_ddp.py`): `ddp2_sec_per_step` beside
    `sec_per_step`, with the same threads per process; `--only-ddp2` runs this part alone,
    `--skip-ddp2` leaves it out.
 
@@ -483,8 +483,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
+    # first, before this process loads its model: the two processes' memory does not add to its own
+    ddp2 = {} if args.skip_ddp2 else run_ddp2(sys.argv[1:])
     if args.only_ddp2:
-        figures = {"model": args.model, "steps": args.steps, "group": args.group, **run_ddp2(sys.argv[1:])}
+        figures = {"model": args.model, "steps": args.steps, "group": args.group, **ddp2}
         figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in figures.items()}))
         return
@@ -515,8 +517,7 @@ def main() -> None:
         model.load_state_dict(start)
         if not args.skip_multiturn:
             result.update(trio.run(run_multiturn, model, tokenizer, args, Path(tmp) / "multiturn"))
-    if not args.skip_ddp2:
-        result.update(run_ddp2(sys.argv[1:]))
+    result.update(ddp2)
     result["load_s"] = round(load_s, 1)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     result["peak_rss_mb_with_trl"] = round(peak_rss_mb(), 1)
