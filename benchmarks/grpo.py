@@ -30,21 +30,25 @@ the equation form.)
    training rows, never its worked example 2 + 1): reward 1.0 when the run completed the task with the calculator at
    the sum, 0.5 when it made at least one valid tool call, else 0; held-out before and after.
 
-Peak memory is the process's peak RSS after our single-turn run (before trl is imported). Our
-runs here strictly alternate generation and training (`max_policy_lag=0`), as trl's loop does.
-
-4. `--only memory`: `peak_rss_mb` (full fine-tuning) against `peak_rss_mb_lora` (LoRA rank 16,
+4. ddp2 (run first, before this process loads its model): the single-turn run of 1. (without
+   its held-out measurements) in 2 processes under torchrun, data parallel with DDP over gloo (`benchmarks/grpo_ddp.py`): `ddp2_sec_per_step` beside
+   `sec_per_step`, with the same threads per process; `--only-ddp2` runs this part alone,
+   `--skip-ddp2` leaves it out.
+5. `--only memory`: `peak_rss_mb` (full fine-tuning) against `peak_rss_mb_lora` (LoRA rank 16,
    alpha 32, on every linear layer, at `--lora-lr`), `--steps` steps of the single-turn task, each
    in its own process, the peak taken from after the model is loaded (Linux VmHWM, reset through
    /proc/self/clear_refs) to the end of training; both strictly alternating. Target: LoRA at most
    half. `--only overlap`: `sec_per_step` (full fine-tuning, lag 0) against `sec_per_step_lag1`
-   (the next step's rollouts generated while a step trains), each in its own process.
+   (the next step's rollouts generated while a step trains), each in its own process; `--only
+   all`: both, sharing the full fine-tuning run.
 
+Peak memory is the process's peak RSS after our single-turn run (before trl is imported). Our
+runs here strictly alternate generation and training (`max_policy_lag=0`), as trl's loop does.
 Run: python benchmarks/grpo.py [--steps 25] [--model smollm2-135m | tiny]
-     python benchmarks/grpo.py --only memory --steps 5;  python benchmarks/grpo.py --only overlap --steps 5
+     python benchmarks/grpo.py --only memory|overlap|all --steps 5
 Last line: JSON with heldout_reward_before, heldout_reward_after, trl_heldout_reward_before,
 trl_heldout_reward_after, steps, sec_per_step, trl_sec_per_step, sec_per_step_ratio_to_trl, peak_rss_mb, multiturn_reward_before,
-multiturn_reward_after, the reward curves and load_average (the machine's load when it ran).
+multiturn_reward_after, ddp2_sec_per_step, the reward curves and load_average (the machine's load when it ran).
 """
 
 from __future__ import annotations
@@ -75,6 +79,9 @@ from rollouts.providers.transformers_local import register_transformers_model
 from rollouts.run_config import RunConfig
 from rollouts.training import GRPOConfig, HeldOut, evaluate_heldout, grpo_train, load_causal_lm, local_policy
 from rollouts.training.tiny import tiny_chat_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grpo_ddp import run_ddp2
 
 SYSTEM = "Answer with only the number."
 EXAMPLE_PAIR = (2, 3)
@@ -522,26 +529,29 @@ def run_child(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def run_only(args: argparse.Namespace) -> dict[str, Any]:
     """`--only memory`: peak RSS of full fine-tuning and of LoRA (rank 16, all linear layers);
-    `--only overlap`: seconds per step at lag 0 and lag 1 — each variant in its own process."""
+    `--only overlap`: seconds per step at lag 0 and lag 1; `--only all`: both, sharing the full
+    fine-tuning run — each variant in its own process."""
     result: dict[str, Any] = {"model": args.model, "steps": args.steps, "only": args.only, "threads": args.threads}
-    if args.only == "memory":
-        full, lora = run_child("full", args), run_child("lora", args)
-        result["peak_rss_mb"] = full["peak_rss_mb"]
+    full = run_child("full", args)
+    result["peak_rss_mb"] = full["peak_rss_mb"]
+    result["sec_per_step"] = full["sec_per_step"]
+    if args.only in ("memory", "all"):
+        lora = run_child("lora", args)
         result["peak_rss_mb_lora"] = lora["peak_rss_mb"]
         result["peak_rss_ratio_lora"] = lora["peak_rss_mb"] / full["peak_rss_mb"]
-        result["sec_per_step_full"] = full["sec_per_step"]
         result["sec_per_step_lora"] = lora["sec_per_step"]
-    else:
-        lag0, lag1 = run_child("full", args), run_child("lag1", args)
-        result["sec_per_step"] = lag0["sec_per_step"]
+        result["reward_curve_lora"] = lora["reward_curve"]
+    if args.only in ("overlap", "all"):
+        lag1 = run_child("lag1", args)
         result["sec_per_step_lag1"] = lag1["sec_per_step"]
-        result["sec_per_step_ratio_lag1"] = lag1["sec_per_step"] / lag0["sec_per_step"]
+        result["sec_per_step_ratio_lag1"] = lag1["sec_per_step"] / full["sec_per_step"]
         for key in ("generation_sec_per_step", "train_sec_per_step"):
-            result[f"{key}_lag0"] = lag0[key]
+            result[f"{key}_lag0"] = full[key]
             result[f"{key}_lag1"] = lag1[key]
         result["policy_lags_lag1"] = lag1["policy_lags"]
-        result["peak_rss_mb_lag0"] = lag0["peak_rss_mb"]
         result["peak_rss_mb_lag1"] = lag1["peak_rss_mb"]
+        result["reward_curve_lag1"] = lag1["reward_curve"]
+    result["reward_curve"] = full["reward_curve"]
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return result
 
@@ -578,6 +588,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--skip-ddp2", action="store_true", help="leave out the 2-process DDP run")
+    parser.add_argument("--only-ddp2", action="store_true", help="only the 2-process DDP run (ddp2_sec_per_step)")
     parser.add_argument("--skip-multiturn", action="store_true")
     parser.add_argument("--skip-single", action="store_true", help="skip the single-turn runs (ours and trl)")
     parser.add_argument(
@@ -585,9 +597,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        choices=("memory", "overlap"),
-        help="only peak_rss_mb vs peak_rss_mb_lora (memory) or sec_per_step vs sec_per_step_lag1 (overlap), "
-        "each variant in its own process for --steps steps",
+        choices=("memory", "overlap", "all"),
+        help="only peak_rss_mb vs peak_rss_mb_lora (memory), sec_per_step vs sec_per_step_lag1 (overlap) or "
+        "both (all), each variant in its own process for --steps steps",
     )
     parser.add_argument("--lora-lr", type=float, default=1e-4, help="learning rate of the LoRA variant")
     parser.add_argument("--child", choices=tuple(VARIANTS), help=argparse.SUPPRESS)
@@ -607,6 +619,13 @@ def main() -> None:
     if args.only:
         only = run_only(args)
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in only.items()}))
+        return
+    # first, before this process loads its model: the two processes' memory does not add to its own
+    ddp2 = {} if args.skip_ddp2 else run_ddp2(sys.argv[1:])
+    if args.only_ddp2:
+        figures = {"model": args.model, "steps": args.steps, "group": args.group, **ddp2}
+        figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in figures.items()}))
         return
 
     t0 = time.perf_counter()
@@ -635,6 +654,7 @@ def main() -> None:
         model.load_state_dict(start)
         if not args.skip_multiturn:
             result.update(trio.run(run_multiturn, model, tokenizer, args, Path(tmp) / "multiturn"))
+    result.update(ddp2)
     result["load_s"] = round(load_s, 1)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     result["peak_rss_mb_with_trl"] = round(peak_rss_mb(), 1)

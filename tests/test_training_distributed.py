@@ -280,6 +280,7 @@ def cli_task(tmp_path: Path) -> Iterator[list[str]]:
 def test_cli_nproc_per_node_runs_itself_under_torchrun(tmp_path: Path, cli_task: list[str]) -> None:
     args = ["--score", "task.py:digits", "--steps", "2", "--output", "run", "--batch-size", "2", "--group", "4"]
     args += ["--max-tokens", "6", "--lr", "0.01", "--threads", "1", "--nproc-per-node", "2", "--parallel", "fsdp"]
+    args += ["--keep-step-samples"]
     code, output = _run([*cli_task, *args], cwd=tmp_path)
     assert code == 0, output[-3000:]
     assert "running 2 processes: -m torch.distributed.run --standalone --nproc-per-node=2 -m rollouts" in output
@@ -289,6 +290,10 @@ def test_cli_nproc_per_node_runs_itself_under_torchrun(tmp_path: Path, cli_task:
     assert (tmp_path / "run" / "final" / "config.json").is_file()
     summary = json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
     assert summary["ran"] == 2
+    # each rank's share of a step's rollouts, rank 0's where the viewer looks
+    steps = tmp_path / "run" / "steps"
+    for where in (steps / "step_000001", steps / "rank1" / "step_000001"):
+        assert len((where / "samples.jsonl").read_text().splitlines()) == 4, where  # one group of 4 each
 
 
 def test_cli_refuses_fewer_prompts_per_step_than_processes(tmp_path: Path, cli_task: list[str]) -> None:

@@ -117,6 +117,32 @@ def add_parser(sub: Any) -> None:
     g.add_argument("--checkpoint-every", type=int, default=10, metavar="N", help="steps between checkpoints")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
+    _add_memory_and_overlap_options(g)
+    g.add_argument(
+        "--keep-step-samples",
+        action="store_true",
+        help="also write each step's rollouts to OUTPUT/steps/step_NNNNNN/ (rollouts view links them from the step)",
+    )
+    g.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train in N processes on this machine (runs itself under torchrun; one per GPU; default 1)",
+    )
+    g.add_argument(
+        "--parallel",
+        choices=("ddp", "fsdp"),
+        default="ddp",
+        help="with several processes: ddp (all-reduce gradients) or fsdp (FSDP2: shard weights, gradients and "
+        "optimizer state); default ddp",
+    )
+    g.set_defaults(func=run_grpo, parser=g)
+    _add_merge_parser(algorithms)
+
+
+def _add_memory_and_overlap_options(g: Any) -> None:
+    """LoRA, dtype, gradient checkpointing and overlap flags (docs/training.md)."""
     g.add_argument(
         "--lora-r",
         type=int,
@@ -150,26 +176,9 @@ def add_parser(sub: Any) -> None:
         help="generate step k+1's rollouts while step k trains (1, the default; the trainer's weights are "
         "copied for generation) or strictly alternate (0)",
     )
-    g.add_argument(
-        "--keep-step-samples",
-        action="store_true",
-        help="also write each step's rollouts to OUTPUT/steps/step_NNNNNN/ (rollouts view links them from the step)",
-    )
-    g.add_argument(
-        "--nproc-per-node",
-        type=int,
-        default=1,
-        metavar="N",
-        help="train in N processes on this machine (runs itself under torchrun; one per GPU; default 1)",
-    )
-    g.add_argument(
-        "--parallel",
-        choices=("ddp", "fsdp"),
-        default="ddp",
-        help="with several processes: ddp (all-reduce gradients) or fsdp (FSDP2: shard weights, gradients and "
-        "optimizer state); default ddp",
-    )
-    g.set_defaults(func=run_grpo, parser=g)
+
+
+def _add_merge_parser(algorithms: Any) -> None:
     m = algorithms.add_parser(
         "merge",
         help="write LoRA adapters merged into their base model as whole weights",
