@@ -30,11 +30,25 @@ the equation form.)
    training rows, never its worked example 2 + 1): reward 1.0 when the run completed the task with the calculator at
    the sum, 0.5 when it made at least one valid tool call, else 0; held-out before and after.
 
-Peak memory is the process's peak RSS after our single-turn run (before trl is imported).
+4. ddp2 (run first, before this process loads its model): the single-turn run of 1. (without
+   its held-out measurements) in 2 processes under torchrun, data parallel with DDP over gloo (`benchmarks/grpo_ddp.py`): `ddp2_sec_per_step` beside
+   `sec_per_step`, with the same threads per process; `--only-ddp2` runs this part alone,
+   `--skip-ddp2` leaves it out.
+5. `--only memory`: `peak_rss_mb` (full fine-tuning) against `peak_rss_mb_lora` (LoRA rank 16,
+   alpha 32, on every linear layer, at `--lora-lr`), `--steps` steps of the single-turn task, each
+   in its own process, the peak taken from after the model is loaded (Linux VmHWM, reset through
+   /proc/self/clear_refs) to the end of training; both strictly alternating. Target: LoRA at most
+   half. `--only overlap`: `sec_per_step` (full fine-tuning, lag 0) against `sec_per_step_lag1`
+   (the next step's rollouts generated while a step trains), each in its own process; `--only
+   all`: both, sharing the full fine-tuning run.
+
+Peak memory is the process's peak RSS after our single-turn run (before trl is imported). Our
+runs here strictly alternate generation and training (`max_policy_lag=0`), as trl's loop does.
 Run: python benchmarks/grpo.py [--steps 25] [--model smollm2-135m | tiny]
+     python benchmarks/grpo.py --only memory|overlap|all --steps 5
 Last line: JSON with heldout_reward_before, heldout_reward_after, trl_heldout_reward_before,
 trl_heldout_reward_after, steps, sec_per_step, trl_sec_per_step, sec_per_step_ratio_to_trl, peak_rss_mb, multiturn_reward_before,
-multiturn_reward_after, the reward curves and load_average (the machine's load when it ran).
+multiturn_reward_after, ddp2_sec_per_step, the reward curves and load_average (the machine's load when it ran).
 """
 
 from __future__ import annotations
@@ -48,14 +62,14 @@ import resource
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import trio
 
-from rollouts.dtypes import Endpoint, Message, ToolCallContent, Trajectory
+from rollouts.dtypes import Endpoint, Message, Tool, ToolCall, ToolCallContent, Trajectory
 from rollouts.environments.calculator import CalculatorEnvironment
 from rollouts.eval.config import EvalConfig
 from rollouts.eval.run import evaluate
@@ -63,8 +77,11 @@ from rollouts.eval.sample import Metric, Sample, Score
 from rollouts.providers.tito import set_sampling_seed
 from rollouts.providers.transformers_local import register_transformers_model
 from rollouts.run_config import RunConfig
-from rollouts.training import GRPOConfig, grpo_train, load_causal_lm, local_policy
+from rollouts.training import GRPOConfig, HeldOut, evaluate_heldout, grpo_train, load_causal_lm, local_policy
 from rollouts.training.tiny import tiny_chat_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grpo_ddp import run_ddp2
 
 SYSTEM = "Answer with only the number."
 EXAMPLE_PAIR = (2, 3)
@@ -74,12 +91,21 @@ QUESTION = "What is {a} + {b}?"
 MULTI = "Use the calculator tools: start from 0, add {a}, then add {b}, then call complete_task with the result."
 
 
+class AddCalculator(CalculatorEnvironment):
+    """The calculator with only the tools the task needs (add, complete_task): the three others'
+    JSON schemas were a third of the prompt's tokens (519 -> 346), and on this CPU a step's time
+    grows with the prompt (every turn prefills it, every training pass reads it)."""
+
+    def get_tools(self) -> Sequence[Tool]:
+        return tuple(t for t in super().get_tools() if t.name in ("add", "complete_task"))
+
+
 def _demo_calls() -> list[Message]:
-    """One worked episode (2 + 1) as real tool calls and results: SmolLM2-135M writes no tool call
-    from the tools' description alone (measured: 0 of 32 samples), and about half of its samples
-    are calls after one demonstration."""
+    """One worked episode (2 + 1) as real tool calls and the environment's own results:
+    SmolLM2-135M writes no tool call from the tools' description alone (measured: 0 of 32
+    samples), and about half of its samples are calls after one demonstration."""
     out = [Message("user", MULTI.format(a=MULTI_EXAMPLE_PAIR[0], b=MULTI_EXAMPLE_PAIR[1]))]
-    steps = [("add", {"value": 2}, "Added 2. Current value: 2"), ("add", {"value": 1}, "Added 1. Current value: 3"),
+    steps = [("add", {"value": 2}, "Added 2 to 0. Current value: 2"), ("add", {"value": 1}, "Added 1 to 2. Current value: 3"),
              ("complete_task", {"final_result": "3"}, "Task completed. Final result: 3")]  # fmt: skip
     for i, (name, arguments, result) in enumerate(steps):
         call = ToolCallContent(f"demo-{i}", name, arguments)
@@ -93,6 +119,12 @@ DEMO = tuple(_demo_calls())
 def multiturn_messages(row: Mapping[str, Any]) -> list[Message]:
     """The multi-turn prompt: the worked episode, then the task."""
     return [*DEMO, Message("user", MULTI.format(**row))]
+
+
+def multiturn_split(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The calculator episodes: (training rows, held-out rows) — at least `--heldout-multiturn`
+    held out, no operand pair shared with training in either order, never the worked episode."""
+    return arithmetic_split(args.max_operand, args.heldout_multiturn, seed=args.seed + 1, example=MULTI_EXAMPLE_PAIR)
 
 
 def arithmetic_split(
@@ -152,21 +184,45 @@ def question_messages(row: Mapping[str, Any]) -> list[Message]:
     return [*messages, Message("user", QUESTION.format(**row))]
 
 
-def calculator_score(sample: Sample) -> Score:
-    """1.0 when the run called complete_task with the calculator at the sum, 0.5 when it made at
-    least one valid tool call, else 0.0 (the demonstration's messages do not count)."""
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _episode(sample: Sample) -> tuple[list[ToolCall], float | None]:
+    """The run's own valid tool calls (not the demonstration's) and the calculator's final value."""
     traj = sample.trajectory
     own = traj.messages[len(multiturn_messages(sample.input)) :] if traj else ()
-    calls = [c for m in own for c in m.get_tool_calls()]
-    valid = [c for c in calls if c.parse_error is None]
-    done = sample.stop_reason == "task_completed"
-    value = None
-    for m in own:
-        if m.role == "tool" and "Current value:" in m.text:
-            value = m.text.rsplit("Current value:", 1)[1].strip().rstrip(".")
-    correct = done and value == sample.input["answer"]
-    reward = 1.0 if correct else 0.5 if valid else 0.0
-    return Score((Metric("calculator", reward, weight=1.0),))
+    calls = [c for m in own for c in m.get_tool_calls() if c.parse_error is None]
+    return calls, _number((sample.environment_state or {}).get("current_value"))
+
+
+def calculator_success(sample: Sample) -> Score:
+    """The held-out measure, strict: 1.0 when the run called complete_task with the calculator at
+    the sum and reported the sum as its final result, else 0.0."""
+    calls, value = _episode(sample)
+    answer = float(sample.input["answer"])
+    final = [c for c in calls if c.name == "complete_task"]
+    done = sample.stop_reason == "task_completed" and bool(final)
+    reported = _number(final[-1].arguments.get("final_result")) if final else None
+    ok = done and value == answer and reported == answer
+    return Score((Metric("success", 1.0 if ok else 0.0, weight=1.0),))
+
+
+def calculator_shaped(sample: Sample) -> Score:
+    """The training reward: 0.5 for success (as `calculator_success`), plus 0.25 when the first
+    call is add(a) and 0.25 more when the second is then add(b) — the steps the task asks for."""
+    calls, _ = _episode(sample)
+    a, b = float(sample.input["a"]), float(sample.input["b"])
+
+    def is_add(i: int, operand: float) -> bool:
+        return len(calls) > i and calls[i].name == "add" and _number(calls[i].arguments.get("value")) == operand
+
+    first = is_add(0, a)
+    value = 0.25 * first + 0.25 * (first and is_add(1, b)) + 0.5 * calculator_success(sample).reward
+    return Score((Metric("calculator", value, weight=1.0),))
 
 
 async def heldout_reward(
@@ -219,6 +275,7 @@ async def run_ours(
         checkpoint_every=10_000,
         seed=args.seed,
         prepare_messages=question_messages,
+        max_policy_lag=0,  # strict alternation, as trl's loop (the overlap has its own figure: --only overlap)
     )
     backend, policy = local_policy(model, tokenizer, config, name="bench-policy")
     before = await heldout_reward("bench-policy", heldout, exact_sum, question_messages, max_tokens=args.max_tokens)
@@ -343,61 +400,172 @@ async def measure_single(name: str, heldout: list[dict[str, Any]], args: argpars
 
 
 async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    rows, heldout = arithmetic_split(
-        args.max_operand, args.heldout_multiturn, seed=args.seed + 1, example=MULTI_EXAMPLE_PAIR
-    )
+    """Train the calculator agent on the shaped reward; the held-out figure is strict success
+    (`calculator_success`), greedy, before training and every `--multiturn-heldout-every` steps
+    during it (written to the run's log.jsonl as `heldout_reward`)."""
+    rows, held = multiturn_split(args)
     config = GRPOConfig(
         output_dir=out,
         num_steps=args.multiturn_steps,
         batch_size=args.multiturn_prompts_per_step,
-        n_samples_per_prompt=args.group,
-        max_tokens=48,
+        n_samples_per_prompt=args.multiturn_group,
+        max_tokens=args.multiturn_max_tokens,
         temperature=args.multiturn_temperature,
-        max_turns=4,
-        lr=args.lr,
+        max_turns=args.multiturn_turns,
+        lr=args.multiturn_lr,
         lr_schedule=args.lr_schedule,
         checkpoint_every=10_000,
         seed=args.seed,
         prepare_messages=multiturn_messages,
+        max_policy_lag=0,
     )
     backend, policy = local_policy(model, tokenizer, config, name="bench-multiturn")
-
-    async def measure() -> float:
-        return await heldout_reward(
-            "bench-multiturn",
-            heldout,
-            calculator_score,
-            multiturn_messages,
-            max_tokens=48,
-            env=CalculatorEnvironment,
-            turns=4,
-        )
-
-    before = await measure()
-    print(f"multi-turn: held-out reward before {before:.3f}", file=sys.stderr)
+    heldout = HeldOut(held, calculator_success, every=args.multiturn_heldout_every)
+    t0 = time.perf_counter()
+    before = (await evaluate_heldout(heldout, policy, config, AddCalculator)).reward
+    print(f"multi-turn: held-out success before {before:.3f} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
 
     def show(r: Any) -> None:
-        print(f"multi-turn: step {r.step} reward {r.reward_mean:.3f} {r.seconds:.1f}s", file=sys.stderr)
+        held_out = f" held-out {r.metrics['heldout_reward']:.3f}" if "heldout_reward" in r.metrics else ""
+        print(f"multi-turn: step {r.step} reward {r.reward_mean:.3f}{held_out} {r.seconds:.1f}s", file=sys.stderr)
 
     result = await grpo_train(
-        config, rows, calculator_score, CalculatorEnvironment, backend=backend, inference=policy, on_step=show
+        config, rows, calculator_shaped, AddCalculator, backend=backend, inference=policy, on_step=show, heldout=heldout
     )
-    after = await measure()
-    print(f"multi-turn: held-out reward after {after:.3f}", file=sys.stderr)
+    curve = [(s.step, round(s.metrics["heldout_reward"], 4)) for s in result.steps if "heldout_reward" in s.metrics]
     return {
-        "multiturn_reward_before": before,
-        "multiturn_reward_after": after,
+        "multiturn_heldout_before": before,
+        "multiturn_heldout_after": curve[-1][1],
+        "multiturn_heldout_curve": [[-1, round(before, 4)], *[list(c) for c in curve]],
+        "multiturn_heldout_episodes": len(held),
         "multiturn_steps": args.multiturn_steps,
+        "multiturn_rollouts_per_step": args.multiturn_prompts_per_step * args.multiturn_group,
         "multiturn_sec_per_step": sum(s.seconds for s in result.steps) / len(result.steps),
         "multiturn_reward_curve": [round(s.reward_mean, 4) for s in result.steps],
     }
 
 
-def main() -> None:
+VARIANTS = {
+    # name: (LoRA rank, max_policy_lag); memory: full vs LoRA, both strictly alternating (no
+    # generation copy); overlap: full fine-tuning at lag 0 vs lag 1
+    "full": (0, 0),
+    "lora": (16, 0),
+    "lag1": (0, 1),
+}
+
+
+def training_peak_rss_mb() -> float:
+    """The process's peak RSS since `reset_peak_rss()` (Linux: VmHWM), else since it started."""
+    for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return peak_rss_mb()
+
+
+def reset_peak_rss() -> None:
+    """Start the peak RSS afresh (Linux: writing 5 to /proc/self/clear_refs resets VmHWM), so
+    the figure is training's, not the model load's (a GGUF is dequantised through a second copy)."""
+    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")
+
+
+async def run_variant(model: Any, tokenizer: Any, args: argparse.Namespace, name: str, out: Path) -> dict[str, Any]:
+    """`--steps` steps of the single-turn task with variant `name`'s LoRA rank and policy lag."""
+    rank, lag = VARIANTS[name]
+    rows, _ = arithmetic_split(args.max_operand, args.heldout, seed=args.seed, example=EXAMPLE_PAIR)
+    config = GRPOConfig(
+        output_dir=out,
+        num_steps=args.steps,
+        batch_size=args.prompts_per_step,
+        n_samples_per_prompt=args.group,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        lr=args.lora_lr if rank else args.lr,
+        lr_schedule=args.lr_schedule,
+        checkpoint_every=10_000,
+        seed=args.seed,
+        prepare_messages=question_messages,
+        lora_r=rank,
+        lora_alpha=2.0 * rank if rank else 16.0,
+        max_policy_lag=lag,
+    )
+    backend, policy = local_policy(model, tokenizer, config, name=f"bench-{name}")
+    result = await grpo_train(config, rows, shaped_sum, backend=backend, inference=policy)
+    steps = result.steps
+    return {
+        "sec_per_step": sum(s.seconds for s in steps) / len(steps),
+        "generation_sec_per_step": sum(s.generation_seconds for s in steps) / len(steps),
+        "train_sec_per_step": sum(s.train_seconds for s in steps) / len(steps),
+        "policy_lags": [s.step - s.policy_version for s in steps],
+        "reward_curve": [round(s.reward_mean, 4) for s in steps],
+    }
+
+
+def child_main(args: argparse.Namespace) -> None:
+    """One variant in this process: load, reset the peak, train; one JSON line."""
+    model, tokenizer = tiny_chat_model(seed=0) if args.model == "tiny" else load_causal_lm(args.model)
+    reset_peak_rss()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = trio.run(run_variant, model, tokenizer, args, args.child, Path(tmp) / args.child)
+    result["peak_rss_mb"] = round(training_peak_rss_mb(), 1)
+    print(json.dumps(result))
+
+
+def run_child(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Variant `name` in a subprocess of its own, so each peak RSS is its own."""
+    import subprocess
+
+    command = [sys.executable, __file__, "--child", name, "--model", args.model, "--steps", str(args.steps)]
+    command += ["--threads", str(args.threads), "--seed", str(args.seed), "--lr", str(args.lr)]
+    command += ["--lora-lr", str(args.lora_lr), "--prompts-per-step", str(args.prompts_per_step)]
+    command += ["--group", str(args.group), "--max-tokens", str(args.max_tokens)]
+    print(f"{name}: {' '.join(command[1:])}", file=sys.stderr)
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"variant {name} failed:\n{proc.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"{name}: {json.dumps(out)}", file=sys.stderr)
+    return out
+
+
+def run_only(args: argparse.Namespace) -> dict[str, Any]:
+    """`--only memory`: peak RSS of full fine-tuning and of LoRA (rank 16, all linear layers);
+    `--only overlap`: seconds per step at lag 0 and lag 1; `--only all`: both, sharing the full
+    fine-tuning run — each variant in its own process."""
+    result: dict[str, Any] = {"model": args.model, "steps": args.steps, "only": args.only, "threads": args.threads}
+    full = run_child("full", args)
+    result["peak_rss_mb"] = full["peak_rss_mb"]
+    result["sec_per_step"] = full["sec_per_step"]
+    if args.only in ("memory", "all"):
+        lora = run_child("lora", args)
+        result["peak_rss_mb_lora"] = lora["peak_rss_mb"]
+        result["peak_rss_ratio_lora"] = lora["peak_rss_mb"] / full["peak_rss_mb"]
+        result["sec_per_step_lora"] = lora["sec_per_step"]
+        result["reward_curve_lora"] = lora["reward_curve"]
+    if args.only in ("overlap", "all"):
+        lag1 = run_child("lag1", args)
+        result["sec_per_step_lag1"] = lag1["sec_per_step"]
+        result["sec_per_step_ratio_lag1"] = lag1["sec_per_step"] / full["sec_per_step"]
+        for key in ("generation_sec_per_step", "train_sec_per_step"):
+            result[f"{key}_lag0"] = full[key]
+            result[f"{key}_lag1"] = lag1[key]
+        result["policy_lags_lag1"] = lag1["policy_lags"]
+        result["peak_rss_mb_lag1"] = lag1["peak_rss_mb"]
+        result["reward_curve_lag1"] = lag1["reward_curve"]
+    result["reward_curve"] = full["reward_curve"]
+    result["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m", help="smollm2-135m (packaged), tiny (smoke test) or a path")
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--multiturn-steps", type=int, default=8)
+    parser.add_argument("--multiturn-group", type=int, default=8)
+    parser.add_argument("--multiturn-lr", type=float, default=2e-5)
+    parser.add_argument("--multiturn-turns", type=int, default=4, help="model turns per calculator episode")
+    parser.add_argument("--multiturn-max-tokens", type=int, default=48, help="per model turn")
+    parser.add_argument("--multiturn-heldout-every", type=int, default=4, help="steps between held-out evaluations")
     parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--multiturn-prompts-per-step", type=int, default=1)
     parser.add_argument("--group", type=int, default=8)
@@ -407,7 +575,9 @@ def main() -> None:
         "--lr-schedule", default="constant", choices=("constant", "linear", "cosine"), help="ours and trl's alike"
     )
     parser.add_argument("--heldout", type=int, default=32)
-    parser.add_argument("--heldout-multiturn", type=int, default=8)
+    parser.add_argument(
+        "--heldout-multiturn", type=int, default=16, help="held-out calculator episodes (at least this many)"
+    )
     parser.add_argument("--max-operand", type=int, default=10, help="a, b < this (default 10)")
     parser.add_argument("--temperature", type=float, default=1.0, help="rollout temperature (ours and trl)")
     parser.add_argument(
@@ -418,10 +588,45 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--skip-ddp2", action="store_true", help="leave out the 2-process DDP run")
+    parser.add_argument("--only-ddp2", action="store_true", help="only the 2-process DDP run (ddp2_sec_per_step)")
     parser.add_argument("--skip-multiturn", action="store_true")
-    parser.add_argument("--skip-single", action="store_true", help="only the multi-turn variant")
-    args = parser.parse_args()
+    parser.add_argument("--skip-single", action="store_true", help="skip the single-turn runs (ours and trl)")
+    parser.add_argument(
+        "--only-multiturn", action="store_true", help="only the multi-turn run (as --skip-single --skip-trl)"
+    )
+    parser.add_argument(
+        "--only",
+        choices=("memory", "overlap", "all"),
+        help="only peak_rss_mb vs peak_rss_mb_lora (memory), sec_per_step vs sec_per_step_lag1 (overlap) or "
+        "both (all), each variant in its own process for --steps steps",
+    )
+    parser.add_argument("--lora-lr", type=float, default=1e-4, help="learning rate of the LoRA variant")
+    parser.add_argument("--child", choices=tuple(VARIANTS), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.only_multiturn:
+        args.skip_single = args.skip_trl = True
+        args.skip_multiturn = False
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
+    if args.child:
+        child_main(args)
+        return
+    if args.only:
+        only = run_only(args)
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in only.items()}))
+        return
+    # first, before this process loads its model: the two processes' memory does not add to its own
+    ddp2 = {} if args.skip_ddp2 else run_ddp2(sys.argv[1:])
+    if args.only_ddp2:
+        figures = {"model": args.model, "steps": args.steps, "group": args.group, **ddp2}
+        figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in figures.items()}))
+        return
 
     t0 = time.perf_counter()
     if args.model == "tiny":
@@ -449,6 +654,7 @@ def main() -> None:
         model.load_state_dict(start)
         if not args.skip_multiturn:
             result.update(trio.run(run_multiturn, model, tokenizer, args, Path(tmp) / "multiturn"))
+    result.update(ddp2)
     result["load_s"] = round(load_s, 1)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     result["peak_rss_mb_with_trl"] = round(peak_rss_mb(), 1)

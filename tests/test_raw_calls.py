@@ -4,6 +4,7 @@ off by default, masked and bounded when on, shown in a sample's timeline."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -122,3 +123,25 @@ async def test_the_timeline_shows_raw_calls_collapsed_and_escaped(tmp_path: Path
     keep = os.environ.get("ROLLOUTS_VIEW_SCREENSHOTS")  # (how docs/view-raw-call.png is made)
     if keep:
         shutil.copyfile(tmp_path / "raw.png", Path(keep) / "view-raw-call.png")
+
+
+async def test_raw_calls_keep_only_the_attempt_that_succeeded(tmp_path: Path) -> None:
+    """A stream dropped mid-way is retried: the raw response is the retry's items, not both."""
+    from rollouts.testing.fake_server import FakeTurn
+
+    calls: list[int] = []
+
+    def reply(request: RecordedRequest) -> Any:
+        calls.append(1)
+        return FakeTurn(reply=REPLY, drop_after=3) if len(calls) == 1 else REPLY
+
+    async with open_fake_server(reply, chunk_size=1000) as srv:
+        config = _config(srv.base_url, "http", True, "q", tmp_path / "run")
+        config = dataclasses.replace(config, endpoint=dataclasses.replace(config.endpoint, max_retries=2))
+        report = await evaluate([{"answer": "42"}], config)
+    (c,) = report.samples[0].trajectory.completions
+    assert c.attempts == 2 and len(calls) == 2
+    assert c.raw_response is not None
+    items = [json.loads(line) for line in c.raw_response.splitlines()]
+    assert sum(1 for i in items for ch in i.get("choices") or [] if ch.get("finish_reason") == "stop") == 1
+    assert sum(1 for i in items for ch in i.get("choices") or [] if (ch.get("delta") or {}).get("role")) == 1

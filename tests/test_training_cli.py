@@ -74,10 +74,12 @@ async def test_train_grpo_trains_logs_and_resumes(tmp_path: Path) -> None:
     assert summary["ran"] == 2 and summary["resumed_from_step"] is None
     assert (tmp_path / "run" / "final" / "config.json").is_file()
 
-    code, out, err = await _cli(*common, "--steps", "3", cwd=tmp_path)
+    assert not (tmp_path / "run" / "steps").exists()  # (step samples only when asked)
+    code, out, err = await _cli(*common, "--steps", "3", "--keep-step-samples", cwd=tmp_path)
     assert code == 0, err[-3000:]
     summary = json.loads(out.strip().splitlines()[-1])
-    assert summary["ran"] == 1 and summary["resumed_from_step"] == 2
+    assert summary["ran"] == 1 and summary["resumed_from_step"] == 2  # (keeping samples is not a new run)
+    assert [p.name for p in (tmp_path / "run" / "steps").iterdir()] == ["step_000002"]
     assert "step 3/3" in err and "step 1/3" not in err
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2]

@@ -12,6 +12,7 @@ import trio
 from _view_data import make_sample, write_eval
 from test_view_browser import WAIT_MS, _in_browser, _require_browser
 
+from rollouts.eval.io import SAMPLES_FILE, SampleLog
 from rollouts.view import FilesCatalog, create_app, serve
 
 
@@ -32,6 +33,13 @@ async def test_runs_sharing_samples_lists_only_runs_on_the_same_ids(tmp_path: Pa
     assert list(await catalog.runs_sharing_samples(rid(a))) == [rid(b)]
     assert list(await catalog.runs_sharing_samples(rid(b))) == [rid(a)]
     assert list(await catalog.runs_sharing_samples(rid(c))) == []
+    # the answer is cached per pair until either run's samples file changes
+    log = SampleLog(c / SAMPLES_FILE)
+    log.write(make_sample(12, True))  # q012: in b only
+    log.close()
+    await catalog.index_once()
+    assert list(await catalog.runs_sharing_samples(rid(c))) == [rid(b)]
+    assert list(await catalog.runs_sharing_samples(rid(a))) == [rid(b)]
 
 
 async def test_the_compare_form_offers_only_runs_sharing_sample_ids(tmp_path: Path, nursery: trio.Nursery) -> None:

@@ -43,7 +43,7 @@ async def write_bundle(catalog: Catalog, out: Path, *, max_sessions: int = 200) 
         samples.update((r.run_id, s.sample_id) for s in first.items)
 
     def links(current: str) -> BundleLinks:
-        return BundleLinks(current, sessions=session_ids, samples=samples)
+        return BundleLinks(current, sessions=session_ids, samples=samples, runs={r.run_id for r in runs})
 
     async def page(path: str, make: Callable[..., Awaitable[str]], *ids: Any) -> None:
         html = await make(catalog, links(path), *ids, {})

@@ -72,6 +72,7 @@ _TREE_MAX = 500
 STALE_AFTER_S = 600.0
 _SCAN_DEPTH = 2
 _SCAN_MAX_ENTRIES = 5000
+_SHARING_CACHE_MAX = 100_000
 
 
 def default_cache_dir() -> Path:
@@ -165,6 +166,8 @@ class FilesCatalog:
         self.refresh_interval = refresh_interval
         self._evals: dict[str, _EvalSource] = {}
         self._gepa: dict[str, _GepaSource] = {}
+        # (run, other run) -> (the two samples files' stat keys, whether they share a sample id)
+        self._sharing: dict[tuple[str, str], tuple[Any, bool]] = {}
         self._dirs = RunDirs(self._listed_run_id, lambda: len(self._evals))
         self._stores: dict[Path, _StoreSource] = {}
         self._indexed = trio.Event()  # set after each indexing pass (replaced by a fresh one)
@@ -511,8 +514,16 @@ class FilesCatalog:
             return hit is not None
 
         def run() -> list[str]:
-            with src.index.read() as db:
-                return [o.run_id for o in others if shares(db, o)]
+            mine = _stat_key(src.path / "samples.jsonl")
+            keys = {o.run_id: (mine, _stat_key(o.path / "samples.jsonl")) for o in others}
+            todo = [o for o in others if self._sharing.get((run_id, o.run_id), (None, False))[0] != keys[o.run_id]]
+            if todo:
+                if len(self._sharing) > _SHARING_CACHE_MAX:
+                    self._sharing.clear()
+                with src.index.read() as db:
+                    for o in todo:
+                        self._sharing[run_id, o.run_id] = (keys[o.run_id], shares(db, o))
+            return [o.run_id for o in others if self._sharing[run_id, o.run_id][1]]
 
         return await trio.to_thread.run_sync(run)
 
@@ -583,13 +594,16 @@ class FilesCatalog:
     # live
     # ----------------------------------------------------------------------------------------
 
-    async def version(self, kind: Literal["session", "eval", "gepa"], item_id: str) -> str:
+    async def version(self, kind: Literal["session", "eval", "gepa", "training"], item_id: str) -> str:
         if kind == "eval":
             src = self._eval(item_id)
             paths = [src.path / "samples.jsonl", src.path / "report.json"]
         elif kind == "gepa":
             g = self._gepa_src(item_id)
             paths = [g.path / "state.json", g.path / "result.json"]
+        elif kind == "training":
+            t = self._dirs.training_path(item_id)
+            paths = [t / LOG_FILE, t / "checkpoints"]
         elif kind == "session":
             s, _ = await trio.to_thread.run_sync(self._find_store, item_id)
             paths = [s.path / item_id / "messages.jsonl", s.path / item_id / "session.json"]  # (indexed by _find_store)

@@ -131,11 +131,17 @@ class BundleLinks:
     show_training = True
 
     def __init__(
-        self, current: str, *, sessions: set[str] | None = None, samples: set[tuple[str, str]] | None = None
+        self,
+        current: str,
+        *,
+        sessions: set[str] | None = None,
+        samples: set[tuple[str, str]] | None = None,
+        runs: set[str] | None = None,
     ) -> None:
         self.current = current
         self._sessions = sessions
         self._samples = samples
+        self._runs = runs  # the eval runs that have a page (a training step's samples have none)
 
     def _rel(self, target: str) -> str:
         return posixpath.relpath(target, posixpath.dirname(self.current) or ".")
@@ -166,7 +172,9 @@ class BundleLinks:
         return None if _query(query) else self._rel("evals.html")
 
     def eval_run(self, run_id: str, **query: Any) -> str | None:
-        return None if _query(query) else self._rel(f"evals/{run_id}.html")
+        if _query(query) or (self._runs is not None and run_id not in self._runs):
+            return None
+        return self._rel(f"evals/{run_id}.html")
 
     def sample(self, run_id: str, sample_id: str, **query: Any) -> str | None:
         if self._samples is not None and (run_id, sample_id) not in self._samples:
