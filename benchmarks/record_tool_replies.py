@@ -33,12 +33,14 @@ Re-record (needs `pip install -e '.[local]'` and the models, fetched on first us
     python benchmarks/record_tool_replies.py                    # both models, up to 40 replies each
     python benchmarks/record_tool_replies.py --models qwen2.5-coder-1.5b --max-replies 20
 
-The committed recordings are `--models M --max-replies 12`, one process per model, run side by
-side on 2026-11-27: the first 12 replies of the order in `tasks()` (BFCL, one steps chain, one
-calculator chain, then the steps chain sampled), which took 51 and 58 minutes of wall time on the
-shared 2-core machine at a load average of 7-33 (last lines:
+The committed recordings (31 replies) are `--models M --max-replies 12`, one process per model,
+run side by side on 2026-11-27: the first 12 replies of the order in `tasks()` (BFCL, one steps
+chain, one calculator chain, then the steps chain sampled with seed 1), which took 51 and 58
+minutes of wall time on the shared 2-core machine at a load average of 7-33 (last lines:
 `{"models": {"qwen2.5-coder-0.5b": 12}, "replies": 12, "wall_s": 3047.5, "load_avg": [8.91, 13.25, 14.36]}`,
-`{"models": {"qwen2.5-coder-1.5b": 12}, "replies": 12, "wall_s": 3492.9, "load_avg": [6.24, 9.12, 11.95]}`).
+`{"models": {"qwen2.5-coder-1.5b": 12}, "replies": 12, "wall_s": 3492.9, "load_avg": [6.24, 9.12, 11.95]}`);
+then `--models M --runs 7 --append --max-replies 4` (the steps chain sampled with seed 2; 4 and 3
+replies, 493 s and 471 s at a load average of 8-9).
 
 then review what the recovery code makes of each reply and update the tests' expectations:
 
@@ -195,7 +197,7 @@ class Recorder:
         return ScriptedReply(text=reply, finish_reason="length" if choice["finish_reason"] == "length" else None)
 
 
-async def record_model(model: str, limit: int, out: Path) -> list[dict[str, Any]]:
+async def record_model(model: str, limit: int, out: Path, runs: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """Run the tasks on one model until `limit` replies are recorded, each appended to `out`
     as it comes; the recorded rows."""
     server = await ensure_local_server(resolve_local_model(model))
@@ -213,7 +215,8 @@ async def record_model(model: str, limit: int, out: Path) -> list[dict[str, Any]
                 max_retries=0,  # a retried request would record a reply twice
                 extra_params={"parallel_tool_calls": False},  # as the `local` provider sends
             )
-            for task, temperature, seed in tasks():
+            planned = tasks()
+            for task, temperature, seed in planned if runs is None else [planned[i] for i in runs]:
                 if recorder.full:
                     break
                 env = task.environment()
@@ -248,6 +251,8 @@ def main() -> None:
     parser.add_argument("--max-replies", type=int, default=40, help="replies recorded per model (default 40)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--review", action="store_true", help="print the recorded replies and what is recovered")
+    parser.add_argument("--runs", type=int, nargs="+", help="only these runs (indices into tasks(), from 0)")
+    parser.add_argument("--append", action="store_true", help="add to the model's file instead of replacing it")
     args = parser.parse_args()
     if args.review:
         review(args.out)
@@ -257,8 +262,9 @@ def main() -> None:
     counts: dict[str, int] = {}
     for model in args.models:
         out = args.out / f"{model}.jsonl"
-        out.write_text("", encoding="utf-8")
-        rows = trio.run(record_model, model, args.max_replies, out)
+        if not args.append:
+            out.write_text("", encoding="utf-8")
+        rows = trio.run(record_model, model, args.max_replies, out, args.runs)
         counts[model] = len(rows)
     result = {
         "models": counts,

@@ -72,6 +72,10 @@ EXPECTED: dict[Key, Calls] = {
     ("qwen2.5-coder-0.5b", "calculator/calc-04", 2, 0): [("divide", {"value": 2})],
     ("qwen2.5-coder-0.5b", "calculator/calc-04", 3, 0): [("complete_task", {"final_result": "20"})],
     ("qwen2.5-coder-0.5b", "steps/calc-01", 0, 1): [("multiply", {"value": 7})],
+    ("qwen2.5-coder-0.5b", "steps/calc-01", 0, 2): [("add", {"value": 7})],
+    ("qwen2.5-coder-0.5b", "steps/calc-01", 1, 2): [("multiply", {"value": 2})],
+    ("qwen2.5-coder-0.5b", "steps/calc-01", 2, 2): [("add", {"value": 14})],
+    ("qwen2.5-coder-0.5b", "steps/calc-01", 3, 2): [("multiply", {"value": 28})],
     ("qwen2.5-coder-1.5b", "bfcl/simple_python_0", 0, 0): [
         ("calculate_triangle_area", {"base": 10, "height": 5, "unit": "units"})
     ],
@@ -86,6 +90,9 @@ EXPECTED: dict[Key, Calls] = {
     ("qwen2.5-coder-1.5b", "steps/calc-01", 0, 1): [("add", {"value": 7})],
     ("qwen2.5-coder-1.5b", "steps/calc-01", 1, 1): [("add", {"value": 7})],
     ("qwen2.5-coder-1.5b", "steps/calc-01", 2, 1): [("add", {"value": 7})],
+    ("qwen2.5-coder-1.5b", "steps/calc-01", 0, 2): [("add", {"value": 7})],
+    ("qwen2.5-coder-1.5b", "steps/calc-01", 1, 2): [("multiply", {"value": 2})],
+    ("qwen2.5-coder-1.5b", "steps/calc-01", 2, 2): [("submit_answer", {"answer": 14})],
 }
 
 
