@@ -38,6 +38,28 @@ def digits(sample: Any) -> Score:
     return Score((Metric("digits", sum(c.isdigit() for c in reply) / max(len(reply), 1), weight=1.0),))
 
 
+def tied_model() -> tuple[Any, Any]:
+    """The tiny model with its output layer tied to its input embeddings (as SmolLM2's)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rollouts.training.tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).float().eval(), tokenizer
+
+
 def config(out: Path, steps: int, parallel: str, lora_r: int = 0) -> GRPOConfig:
     return GRPOConfig(
         output_dir=out,
@@ -60,6 +82,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--parallel", default="ddp")
     parser.add_argument("--lora-r", type=int, default=0)
+    parser.add_argument("--tied", action="store_true", help="tie the output layer to the embeddings")
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-step", type=int, default=0)
     parser.add_argument("--how", default="raise", choices=("raise", "kill"))
@@ -80,7 +103,7 @@ def main() -> None:
             raise RuntimeError(f"injected failure after step {result.step}")
 
     async def run() -> None:
-        model, tokenizer = tiny_chat_model(seed=0)
+        model, tokenizer = tied_model() if args.tied else tiny_chat_model(seed=0)
         cfg = config(args.out, args.steps, args.parallel, args.lora_r)
         backend, policy = local_policy(model, tokenizer, cfg, name="tiny-dist")
         held["backend"] = backend

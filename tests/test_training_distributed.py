@@ -172,6 +172,19 @@ def test_lora_adapters_train_in_two_fsdp2_processes_as_in_one(tmp_path: Path) ->
     _assert_same_weights(one, fsdp)
 
 
+def test_tied_embeddings_train_in_two_fsdp2_processes_as_in_one(tmp_path: Path) -> None:
+    # SmolLM2's output layer is its embedding matrix: one parameter under two names
+    one, fsdp = tmp_path / "one", tmp_path / "fsdp"
+    one.mkdir()
+    fsdp.mkdir()
+    _one_process(one, "--steps", "3", "--tied")
+    _two_processes(fsdp, "--steps", "3", "--tied", "--parallel", "fsdp")
+    assert [e["reward_mean"] for e in _log(fsdp)] == [e["reward_mean"] for e in _log(one)]
+    _assert_same_weights(one, fsdp)
+    weights = _weights(fsdp)
+    assert torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
+
+
 def test_a_checkpoint_of_two_fsdp2_processes_resumes_in_one_as_if_never_stopped(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
