@@ -34,9 +34,18 @@ the equation form.)
    its held-out measurements) in 2 processes under torchrun, data parallel with DDP over gloo (`benchmarks/grpo_ddp.py`): `ddp2_sec_per_step` beside
    `sec_per_step`, with the same threads per process; `--only-ddp2` runs this part alone,
    `--skip-ddp2` leaves it out.
+5. `--only memory`: `peak_rss_mb` (full fine-tuning) against `peak_rss_mb_lora` (LoRA rank 16,
+   alpha 32, on every linear layer, at `--lora-lr`), `--steps` steps of the single-turn task, each
+   in its own process, the peak taken from after the model is loaded (Linux VmHWM, reset through
+   /proc/self/clear_refs) to the end of training; both strictly alternating. Target: LoRA at most
+   half. `--only overlap`: `sec_per_step` (full fine-tuning, lag 0) against `sec_per_step_lag1`
+   (the next step's rollouts generated while a step trains), each in its own process; `--only
+   all`: both, sharing the full fine-tuning run.
 
-Peak memory is the process's peak RSS after our single-turn run (before trl is imported).
+Peak memory is the process's peak RSS after our single-turn run (before trl is imported). Our
+runs here strictly alternate generation and training (`max_policy_lag=0`), as trl's loop does.
 Run: python benchmarks/grpo.py [--steps 25] [--model smollm2-135m | tiny]
+     python benchmarks/grpo.py --only memory|overlap|all --steps 5
 Last line: JSON with heldout_reward_before, heldout_reward_after, trl_heldout_reward_before,
 trl_heldout_reward_after, steps, sec_per_step, trl_sec_per_step, sec_per_step_ratio_to_trl, peak_rss_mb, multiturn_reward_before,
 multiturn_reward_after, ddp2_sec_per_step, the reward curves and load_average (the machine's load when it ran).
@@ -266,6 +275,7 @@ async def run_ours(
         checkpoint_every=10_000,
         seed=args.seed,
         prepare_messages=question_messages,
+        max_policy_lag=0,  # strict alternation, as trl's loop (the overlap has its own figure: --only overlap)
     )
     backend, policy = local_policy(model, tokenizer, config, name="bench-policy")
     before = await heldout_reward("bench-policy", heldout, exact_sum, question_messages, max_tokens=args.max_tokens)
@@ -407,6 +417,7 @@ async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, ou
         checkpoint_every=10_000,
         seed=args.seed,
         prepare_messages=multiturn_messages,
+        max_policy_lag=0,
     )
     backend, policy = local_policy(model, tokenizer, config, name="bench-multiturn")
     heldout = HeldOut(held, calculator_success, every=args.multiturn_heldout_every)
@@ -432,6 +443,117 @@ async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, ou
         "multiturn_sec_per_step": sum(s.seconds for s in result.steps) / len(result.steps),
         "multiturn_reward_curve": [round(s.reward_mean, 4) for s in result.steps],
     }
+
+
+VARIANTS = {
+    # name: (LoRA rank, max_policy_lag); memory: full vs LoRA, both strictly alternating (no
+    # generation copy); overlap: full fine-tuning at lag 0 vs lag 1
+    "full": (0, 0),
+    "lora": (16, 0),
+    "lag1": (0, 1),
+}
+
+
+def training_peak_rss_mb() -> float:
+    """The process's peak RSS since `reset_peak_rss()` (Linux: VmHWM), else since it started."""
+    for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return peak_rss_mb()
+
+
+def reset_peak_rss() -> None:
+    """Start the peak RSS afresh (Linux: writing 5 to /proc/self/clear_refs resets VmHWM), so
+    the figure is training's, not the model load's (a GGUF is dequantised through a second copy)."""
+    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")
+
+
+async def run_variant(model: Any, tokenizer: Any, args: argparse.Namespace, name: str, out: Path) -> dict[str, Any]:
+    """`--steps` steps of the single-turn task with variant `name`'s LoRA rank and policy lag."""
+    rank, lag = VARIANTS[name]
+    rows, _ = arithmetic_split(args.max_operand, args.heldout, seed=args.seed, example=EXAMPLE_PAIR)
+    config = GRPOConfig(
+        output_dir=out,
+        num_steps=args.steps,
+        batch_size=args.prompts_per_step,
+        n_samples_per_prompt=args.group,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        lr=args.lora_lr if rank else args.lr,
+        lr_schedule=args.lr_schedule,
+        checkpoint_every=10_000,
+        seed=args.seed,
+        prepare_messages=question_messages,
+        lora_r=rank,
+        lora_alpha=2.0 * rank if rank else 16.0,
+        max_policy_lag=lag,
+    )
+    backend, policy = local_policy(model, tokenizer, config, name=f"bench-{name}")
+    result = await grpo_train(config, rows, shaped_sum, backend=backend, inference=policy)
+    steps = result.steps
+    return {
+        "sec_per_step": sum(s.seconds for s in steps) / len(steps),
+        "generation_sec_per_step": sum(s.generation_seconds for s in steps) / len(steps),
+        "train_sec_per_step": sum(s.train_seconds for s in steps) / len(steps),
+        "policy_lags": [s.step - s.policy_version for s in steps],
+        "reward_curve": [round(s.reward_mean, 4) for s in steps],
+    }
+
+
+def child_main(args: argparse.Namespace) -> None:
+    """One variant in this process: load, reset the peak, train; one JSON line."""
+    model, tokenizer = tiny_chat_model(seed=0) if args.model == "tiny" else load_causal_lm(args.model)
+    reset_peak_rss()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = trio.run(run_variant, model, tokenizer, args, args.child, Path(tmp) / args.child)
+    result["peak_rss_mb"] = round(training_peak_rss_mb(), 1)
+    print(json.dumps(result))
+
+
+def run_child(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Variant `name` in a subprocess of its own, so each peak RSS is its own."""
+    import subprocess
+
+    command = [sys.executable, __file__, "--child", name, "--model", args.model, "--steps", str(args.steps)]
+    command += ["--threads", str(args.threads), "--seed", str(args.seed), "--lr", str(args.lr)]
+    command += ["--lora-lr", str(args.lora_lr), "--prompts-per-step", str(args.prompts_per_step)]
+    command += ["--group", str(args.group), "--max-tokens", str(args.max_tokens)]
+    print(f"{name}: {' '.join(command[1:])}", file=sys.stderr)
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"variant {name} failed:\n{proc.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"{name}: {json.dumps(out)}", file=sys.stderr)
+    return out
+
+
+def run_only(args: argparse.Namespace) -> dict[str, Any]:
+    """`--only memory`: peak RSS of full fine-tuning and of LoRA (rank 16, all linear layers);
+    `--only overlap`: seconds per step at lag 0 and lag 1; `--only all`: both, sharing the full
+    fine-tuning run — each variant in its own process."""
+    result: dict[str, Any] = {"model": args.model, "steps": args.steps, "only": args.only, "threads": args.threads}
+    full = run_child("full", args)
+    result["peak_rss_mb"] = full["peak_rss_mb"]
+    result["sec_per_step"] = full["sec_per_step"]
+    if args.only in ("memory", "all"):
+        lora = run_child("lora", args)
+        result["peak_rss_mb_lora"] = lora["peak_rss_mb"]
+        result["peak_rss_ratio_lora"] = lora["peak_rss_mb"] / full["peak_rss_mb"]
+        result["sec_per_step_lora"] = lora["sec_per_step"]
+        result["reward_curve_lora"] = lora["reward_curve"]
+    if args.only in ("overlap", "all"):
+        lag1 = run_child("lag1", args)
+        result["sec_per_step_lag1"] = lag1["sec_per_step"]
+        result["sec_per_step_ratio_lag1"] = lag1["sec_per_step"] / full["sec_per_step"]
+        for key in ("generation_sec_per_step", "train_sec_per_step"):
+            result[f"{key}_lag0"] = full[key]
+            result[f"{key}_lag1"] = lag1[key]
+        result["policy_lags_lag1"] = lag1["policy_lags"]
+        result["peak_rss_mb_lag1"] = lag1["peak_rss_mb"]
+        result["reward_curve_lag1"] = lag1["reward_curve"]
+    result["reward_curve"] = full["reward_curve"]
+    result["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return result
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -473,6 +595,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--only-multiturn", action="store_true", help="only the multi-turn run (as --skip-single --skip-trl)"
     )
+    parser.add_argument(
+        "--only",
+        choices=("memory", "overlap", "all"),
+        help="only peak_rss_mb vs peak_rss_mb_lora (memory), sec_per_step vs sec_per_step_lag1 (overlap) or "
+        "both (all), each variant in its own process for --steps steps",
+    )
+    parser.add_argument("--lora-lr", type=float, default=1e-4, help="learning rate of the LoRA variant")
+    parser.add_argument("--child", choices=tuple(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.only_multiturn:
         args.skip_single = args.skip_trl = True
@@ -483,6 +613,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
+    if args.child:
+        child_main(args)
+        return
+    if args.only:
+        only = run_only(args)
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in only.items()}))
+        return
     # first, before this process loads its model: the two processes' memory does not add to its own
     ddp2 = {} if args.skip_ddp2 else run_ddp2(sys.argv[1:])
     if args.only_ddp2:

@@ -3,7 +3,8 @@
 The model runs in process (torch): a packaged model name (`smollm2-135m`), a `.gguf` file or a
 directory saved with `save_pretrained`. Each step samples `--group` completions for each of
 `--batch-size` prompts through the agent loop (with `--env` tools if given), scores them with
-`--score`, and takes one policy-gradient step. `DIR/log.jsonl` gets a line per step,
+`--score`, and takes one policy-gradient step (by default the next step's rollouts are generated
+while a step trains: `--max-policy-lag`). `DIR/log.jsonl` gets a line per step,
 `DIR/checkpoints/` a checkpoint every `--checkpoint-every` steps and at the end, and `DIR/final/`
 the trained weights (loadable as `--model DIR/final` or `Endpoint("transformers", "DIR/final")`;
 with `--lora-r` the LoRA adapters alone, which load the same way, merged into the base model they
@@ -116,6 +117,32 @@ def add_parser(sub: Any) -> None:
     g.add_argument("--checkpoint-every", type=int, default=10, metavar="N", help="steps between checkpoints")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
+    _add_memory_and_overlap_options(g)
+    g.add_argument(
+        "--keep-step-samples",
+        action="store_true",
+        help="also write each step's rollouts to OUTPUT/steps/step_NNNNNN/ (rollouts view links them from the step)",
+    )
+    g.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train in N processes on this machine (runs itself under torchrun; one per GPU; default 1)",
+    )
+    g.add_argument(
+        "--parallel",
+        choices=("ddp", "fsdp"),
+        default="ddp",
+        help="with several processes: ddp (all-reduce gradients) or fsdp (FSDP2: shard weights, gradients and "
+        "optimizer state); default ddp",
+    )
+    g.set_defaults(func=run_grpo, parser=g)
+    _add_merge_parser(algorithms)
+
+
+def _add_memory_and_overlap_options(g: Any) -> None:
+    """LoRA, dtype, gradient checkpointing and overlap flags (docs/training.md)."""
     g.add_argument(
         "--lora-r",
         type=int,
@@ -142,25 +169,16 @@ def add_parser(sub: Any) -> None:
         help="recompute layer activations in the backward pass instead of keeping them (less memory, slower)",
     )
     g.add_argument(
-        "--keep-step-samples",
-        action="store_true",
-        help="also write each step's rollouts to OUTPUT/steps/step_NNNNNN/ (rollouts view links them from the step)",
-    )
-    g.add_argument(
-        "--nproc-per-node",
+        "--max-policy-lag",
         type=int,
         default=1,
         metavar="N",
-        help="train in N processes on this machine (runs itself under torchrun; one per GPU; default 1)",
+        help="generate step k+1's rollouts while step k trains (1, the default; the trainer's weights are "
+        "copied for generation) or strictly alternate (0)",
     )
-    g.add_argument(
-        "--parallel",
-        choices=("ddp", "fsdp"),
-        default="ddp",
-        help="with several processes: ddp (all-reduce gradients) or fsdp (FSDP2: shard weights, gradients and "
-        "optimizer state); default ddp",
-    )
-    g.set_defaults(func=run_grpo, parser=g)
+
+
+def _add_merge_parser(algorithms: Any) -> None:
     m = algorithms.add_parser(
         "merge",
         help="write LoRA adapters merged into their base model as whole weights",
@@ -278,6 +296,8 @@ def _check_settings(args: argparse.Namespace) -> None:
         raise CLIError("--max-failed-fraction must be at least 0 and below 1")
     if args.warmup_steps < 0:
         raise CLIError("--warmup-steps must be at least 0")
+    if args.max_policy_lag < 0:
+        raise CLIError("--max-policy-lag must be at least 0 (0: generation and training strictly alternate)")
     if args.lora_r < 0 or not args.lora_alpha > 0:
         raise CLIError("--lora-r must be at least 0 (0: no LoRA) and --lora-alpha above 0")
     targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
@@ -342,6 +362,7 @@ def _train(args: argparse.Namespace, main_rank: bool) -> int:
         lora_targets=targets,
         dtype=args.dtype,
         gradient_checkpointing=args.gradient_checkpointing,
+        max_policy_lag=args.max_policy_lag,
         prepare_messages=prepare,
         keep_step_samples=args.keep_step_samples,
         parallel=args.parallel,

@@ -72,6 +72,12 @@ class GRPOConfig:
     gradient_checkpointing: recompute each decoder layer's activations in the backward pass
         instead of keeping them (less memory, about one more forward pass of time); not part
         of what a resume must share (it does not change the arithmetic).
+    max_policy_lag: how many training steps older than the step it trains a rollout's policy
+        may be. 0: generation and training strictly alternate; 1 (the default): step k + 1's
+        rollouts are generated while step k trains, by the policy before step k's update (the
+        clipped ratio uses the sampler's stored log-probs, so the update stays the correct
+        off-policy one); checkpoint steps drain, so resumes stay exact
+        (`rollouts.training.overlap`). Larger values are accepted; the lag never exceeds 1.
     keep_step_samples: also write each step's rollouts (an eval output directory: samples.jsonl,
         report.json) to `<output_dir>/steps/step_NNNNNN/`, which `rollouts view` links from the
         step; off by default (the token records make them large). Not part of the resume check.
@@ -106,6 +112,7 @@ class GRPOConfig:
     lora_targets: tuple[str, ...] = ("all-linear",)
     dtype: Dtype = "fp32"
     gradient_checkpointing: bool = False
+    max_policy_lag: int = 1
     prepare_messages: PrepareMessages = default_prepare_messages
     sample_timeout_s: float | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
@@ -137,6 +144,10 @@ class GRPOConfig:
             raise ConfigurationError(
                 f"GRPOConfig: lora_r must be >= 0 (0: no LoRA), lora_alpha > 0 and lora_targets non-empty; got "
                 f"lora_r={self.lora_r}, lora_alpha={self.lora_alpha}, lora_targets={self.lora_targets!r}"
+            )
+        if self.max_policy_lag < 0:
+            raise ConfigurationError(
+                f"GRPOConfig.max_policy_lag must be >= 0 (0: strict alternation), got {self.max_policy_lag}"
             )
         if self.warmup_steps < 0:
             raise ConfigurationError(f"GRPOConfig.warmup_steps must be >= 0, got {self.warmup_steps}")

@@ -11,9 +11,13 @@ Each step:
    with nothing to train on — stop the run with a `TrainingError` naming the first;
 3. turns them into `TrainingSample`s with group-normalised advantages (`scale_rewards`);
 4. calls `TrainingBackend.train_step(batch, lr)` at the step's scheduled learning rate, then
-   `InferenceBackend.sync` so the next rollouts use the new weights;
+   `InferenceBackend.sync` so the next rollouts use the new weights — or, with
+   `max_policy_lag >= 1` (the default), starts step k + 1's rollouts before step k trains, so
+   they are generated meanwhile by the policy one step older (`rollouts.training.overlap`:
+   when, and why resumes stay exact);
 5. appends a line to `<output_dir>/log.jsonl` (reward, loss, KL, entropy — the sampled tokens'
-   mean negative log-prob —, grad norm, lr, tokens, seconds) and every `checkpoint_every` steps
+   mean negative log-prob —, grad norm, lr, tokens, seconds, the `policy_version` that
+   generated the step's rollouts and its `policy_lag`) and every `checkpoint_every` steps
    writes a checkpoint (weights, optimizer, RNG, step) to `<output_dir>/checkpoints/step_NNNNNN`,
    atomically (`rollouts.training.checkpoints`); with `keep_step_samples`, the step's rollouts
    go to `<output_dir>/steps/step_NNNNNN/` (an eval output directory the viewer links from the step);
@@ -76,6 +80,7 @@ from rollouts.training.distributed import (
     report_failure,
 )
 from rollouts.training.heldout import HeldOut, heldout_metrics
+from rollouts.training.overlap import open_rollout_scheduler, overlaps_after
 from rollouts.training.sample import TrainingSample, with_group_advantages
 
 LOG_FILE = "log.jsonl"
@@ -100,6 +105,8 @@ class StepResult:
     rollout_seconds: float
     train_seconds: float
     model_tokens: int
+    generation_seconds: float = 0.0
+    policy_version: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -114,6 +121,9 @@ class StepResult:
             "train_seconds": self.train_seconds,
             "model_tokens": self.model_tokens,
             "tokens_per_s": self.model_tokens / self.seconds if self.seconds > 0 else 0.0,
+            "generation_seconds": self.generation_seconds,
+            "policy_version": self.policy_version,
+            "policy_lag": self.step - self.policy_version,
         }
 
 
@@ -179,6 +189,12 @@ async def grpo_train(
     for i, p in enumerate(prompts):
         if not isinstance(p, Mapping):
             raise ConfigurationError(f"grpo_train: prompt {i} is a {type(p).__name__}; every prompt must be a dict")
+    if config.max_policy_lag > 0 and getattr(inference, "shares_trainer_weights", False):
+        raise ConfigurationError(
+            f"grpo_train: max_policy_lag={config.max_policy_lag} generates rollouts while the trainer changes the "
+            "weights, but this in-process policy samples from the trainer's own module; build it with "
+            "InProcessPolicy(..., snapshot=True) (local_policy does when max_policy_lag > 0) or set max_policy_lag=0"
+        )
     # the starting model's identity, before any checkpoint is loaded into it
     identity = await trio.to_thread.run_sync(backend.model_identity)
     fingerprint = RunFingerprint.of(config, prompts, score_fn, environment_factory, identity)
@@ -225,28 +241,52 @@ async def _train(run: _Run, on_step: OnStep | None) -> GRPOResult:
     if world.is_main:
         truncate_log(out / LOG_FILE, start - 1)
     results: list[StepResult] = []
-    for step in range(start, config.num_steps):
-        t0 = time.perf_counter()
-        samples = await _rollout_batch(run, step)
-        t_rollout = time.perf_counter()
-        batch = _training_batch(run.config, step, samples, world)
-        metrics = await run.backend.train_step(batch, learning_rate(config, step))
-        await run.inference.sync(run.backend, step)
-        result = _step_result(step, batch, metrics, t0, t_rollout, time.perf_counter(), world)
-        extra: dict[str, float] = {}
-        if world.is_main:  # rank 0 evaluates the held-out rows; the others wait for it
-            extra = await heldout_metrics(run.heldout, step, run.inference, config, run.environment_factory)
-        extra = broadcast(world, extra, f"receiving step {step}'s held-out result")
-        result = replace(result, metrics={**result.metrics, **extra})
-        if world.is_main:
-            _append_line(out / LOG_FILE, json.dumps(result.to_dict()))
-        if (step + 1) % config.checkpoint_every == 0 or step == config.num_steps - 1:
-            with trio.CancelScope(shield=True):
-                await write_checkpoint(config, run.backend, step, run.fingerprint, is_main=world.is_main)
-                barrier(world, f"waiting for step {step}'s checkpoint")
-        results.append(result)
-        if on_step is not None:
-            await maybe_await(on_step(result))
+    version = served = start  # training steps applied to the trainer's / the served weights
+
+    async def generate(step: int) -> list[Sample]:
+        return await _rollout_batch(run, step)
+
+    async with open_rollout_scheduler(generate) as rollouts:
+        for step in range(start, config.num_steps):
+            t0 = time.perf_counter()
+            generated = await rollouts.take(step, version)
+            t_rollout = time.perf_counter()
+            if not 0 <= step - generated.version <= config.max_policy_lag:
+                raise AssertionError(f"step {step}: rollouts of policy version {generated.version} exceed the lag")
+            batch = _training_batch(run.config, step, generated.result, generated.version, world)
+            ahead = overlaps_after(
+                step,
+                num_steps=config.num_steps,
+                checkpoint_every=config.checkpoint_every,
+                max_policy_lag=config.max_policy_lag,
+                heldout_every=run.heldout.every if run.heldout is not None else None,
+            )
+            if ahead:  # step + 1's rollouts are generated while this step trains (training.overlap)
+                if served != version:
+                    await run.inference.sync(run.backend, version - 1)
+                    served = version
+                rollouts.start_ahead(step + 1, version)
+            metrics = await run.backend.train_step(batch, learning_rate(config, step))
+            version += 1
+            if not ahead:
+                await run.inference.sync(run.backend, step)
+                served = version
+            timing = _Timing(t0, t_rollout, time.perf_counter(), generated.seconds)
+            result = _step_result(step, batch, metrics, timing, generated.version, world)
+            extra: dict[str, float] = {}
+            if world.is_main:  # rank 0 evaluates the held-out rows; the others wait for it
+                extra = await heldout_metrics(run.heldout, step, run.inference, config, run.environment_factory)
+            extra = broadcast(world, extra, f"receiving step {step}'s held-out result")
+            result = replace(result, metrics={**result.metrics, **extra})
+            if world.is_main:
+                _append_line(out / LOG_FILE, json.dumps(result.to_dict()))
+            if (step + 1) % config.checkpoint_every == 0 or step == config.num_steps - 1:
+                with trio.CancelScope(shield=True):
+                    await write_checkpoint(config, run.backend, step, run.fingerprint, is_main=world.is_main)
+                    barrier(world, f"waiting for step {step}'s checkpoint")
+            results.append(result)
+            if on_step is not None:
+                await maybe_await(on_step(result))
     return GRPOResult(tuple(results), resumed, out)
 
 
@@ -330,16 +370,18 @@ def _step_samples_dir(config: GRPOConfig, step: int, world: World) -> dict[str, 
 
 
 def _training_batch(
-    config: GRPOConfig, step: int, samples: Sequence[Sample], world: World | None = None
+    config: GRPOConfig, step: int, samples: Sequence[Sample], policy_version: int, world: World | None = None
 ) -> list[TrainingSample]:
-    """This rank's training samples with advantages; TrainingError (on every rank) when more of
-    the step's rollouts failed than `max_failed_fraction` allows, or none can be trained on."""
+    """This rank's training samples with advantages, each recording the `policy_version` that
+    generated it; TrainingError (on every rank) when more of the step's rollouts failed than
+    `max_failed_fraction` allows, or none can be trained on."""
     world = world or World()
     group_size = config.n_samples_per_prompt
     first_group = world.groups(config.batch_size).start
     batch = [
         TrainingSample.from_eval_sample(s, group_index=first_group + i // group_size) for i, s in enumerate(samples)
     ]
+    batch = [replace(t, metadata={**t.metadata, "policy_version": policy_version}) for t in batch]
     local_failed = [(s.id, s.error or s.status) for s, t in zip(samples, batch, strict=True) if not t.tokens]
     local_rewards = [t.reward for t in batch if t.tokens]
     gathered = all_gather(world, (len(batch), local_failed, local_rewards), f"gathering step {step}'s rewards")
@@ -357,17 +399,24 @@ def _training_batch(
     return with_group_advantages(batch, scale_rewards=config.scale_rewards, batch_rewards=step_rewards)
 
 
+@dataclass(frozen=True)
+class _Timing:
+    start: float
+    rollouts_in: float
+    end: float
+    generation_seconds: float
+
+
 def _step_result(
     step: int,
     batch: Sequence[TrainingSample],
     metrics: Mapping[str, float],
-    t0: float,
-    t_rollout: float,
-    t_end: float,
+    timing: _Timing,
+    policy_version: int,
     world: World | None = None,
 ) -> StepResult:
     """The step's record (over every rank's samples): the backend's metrics plus rewards,
-    entropy, failures and timings (this rank's)."""
+    entropy, failures, timings (this rank's) and the policy version that generated the rollouts."""
     sampled = [lp for s in batch for lp, m in zip(s.rollout_logprobs, s.loss_mask, strict=True) if m]
     trained = [s for s in batch if s.tokens]
     mine = (sum(sampled), len(sampled), [s.reward for s in trained], len(batch), sum(s.num_model_tokens for s in batch))
@@ -386,8 +435,10 @@ def _step_result(
         metrics={**metrics, "entropy": entropy},
         samples=samples,
         failed=samples - len(rewards),
-        seconds=t_end - t0,
-        rollout_seconds=t_rollout - t0,
-        train_seconds=t_end - t_rollout,
+        seconds=timing.end - timing.start,
+        rollout_seconds=timing.rollouts_in - timing.start,
+        train_seconds=timing.end - timing.rollouts_in,
         model_tokens=sum(p[4] for p in parts),
+        generation_seconds=timing.generation_seconds,
+        policy_version=policy_version,
     )
