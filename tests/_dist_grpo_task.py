@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--tied", action="store_true", help="tie the output layer to the embeddings")
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-step", type=int, default=0)
-    parser.add_argument("--how", default="raise", choices=("raise", "kill"))
+    parser.add_argument("--how", default="raise", choices=("raise", "kill", "kill-in-training"))
     args = parser.parse_args()
 
     held: dict[str, Any] = {}
@@ -97,6 +97,9 @@ def main() -> None:
             local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
             record = {"world_size": world.size, "param_type": type(params[0]).__name__, "local_numel": local}
             (args.out / f"rank{world.rank}.json").write_text(json.dumps(record))
+        held["steps_done"] = result.step + 1
+        if args.how == "kill-in-training":
+            return
         if world.rank == args.fail_rank and result.step == args.fail_step:
             if args.how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -107,6 +110,15 @@ def main() -> None:
         cfg = config(args.out, args.steps, args.parallel, args.lora_r)
         backend, policy = local_policy(model, tokenizer, cfg, name="tiny-dist")
         held["backend"] = backend
+        if args.how == "kill-in-training" and current_world().rank == args.fail_rank:
+            forward = backend._minibatch_terms
+
+            def dying(*a: Any, **k: Any) -> Any:  # in the middle of step fail-step's training
+                if held.get("steps_done", 0) == args.fail_step:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return forward(*a, **k)
+
+            backend._minibatch_terms = dying  # type: ignore[method-assign]
         await grpo_train(cfg, PROMPTS, digits, backend=backend, inference=policy, on_step=on_step)
         if current_world().is_main:
             torch.save(backend.model.state_dict(), args.out / "weights.pt")

@@ -259,6 +259,19 @@ def test_a_rank_that_is_killed_ends_the_run_on_the_others_naming_it(tmp_path: Pa
     assert seconds < TIMEOUT_S
 
 
+def test_a_rank_killed_in_the_middle_of_a_training_step_ends_the_run_on_the_others_naming_it(
+    tmp_path: Path,
+) -> None:
+    # the others are then inside DDP's gradient all-reduce (a backward pass), not one of ours
+    args = ("--steps", "3", "--fail-rank", "1", "--fail-step", "1", "--how", "kill-in-training")
+    codes, outputs, seconds = _ranks_by_hand(tmp_path, *args)
+    assert codes[1] == -signal.SIGKILL
+    assert codes[0] != 0, outputs[0][-3000:]
+    error = _last_error(outputs[0])
+    assert "the step's gradient exchange" in error and "rank 1 (process " in error, error
+    assert seconds < TIMEOUT_S
+
+
 def test_torchrun_ends_the_run_when_a_rank_is_killed(tmp_path: Path) -> None:
     t0 = time.monotonic()
     code, output = _torchrun(tmp_path, "--steps", "3", "--fail-rank", "1", "--fail-step", "0", "--how", "kill")
