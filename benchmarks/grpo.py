@@ -29,21 +29,36 @@ the equation form.)
    environment's own results — from the tools' description alone SmolLM2-135M wrote no tool call
    at all —, sampled at `--multiturn-temperature`. Held out: at least 16 episodes
    (`--heldout-multiturn`; 17 with the defaults), split off as above — no operand pair shared
-   with training in either order, never the worked episode. Training reward (`calculator_shaped`): 0.25 when the
-   first call is add(a), 0.25 more when the second is then add(b), 0.5 for success. The held-out
+   with training in either order, never the worked episode. Training reward
+   (`calculator_shaped`): 0.25 when the first call is add(a), 0.25 more when the second is then
+   add(b), 0.5 for success. The held-out
    figure is strict success (`calculator_success`): complete_task called with the calculator at
    the sum and the sum reported, greedily, before training and every `--multiturn-heldout-every`
    steps during it (`grpo_train(..., heldout=HeldOut(...))`, so it is also in the run's
    log.jsonl as `heldout_reward`). `--only-multiturn` runs this alone.
 
-Peak memory is the process's peak RSS after our single-turn run (before trl is imported).
+4. ddp2 (run first, before this process loads its model): the single-turn run of 1. (without
+   its held-out measurements) in 2 processes under torchrun, data parallel with DDP over gloo (`benchmarks/grpo_ddp.py`): `ddp2_sec_per_step` beside
+   `sec_per_step`, with the same threads per process; `--only-ddp2` runs this part alone,
+   `--skip-ddp2` leaves it out.
+5. `--only memory`: `peak_rss_mb` (full fine-tuning) against `peak_rss_mb_lora` (LoRA rank 16,
+   alpha 32, on every linear layer, at `--lora-lr`), `--steps` steps of the single-turn task, each
+   in its own process, the peak taken from after the model is loaded (Linux VmHWM, reset through
+   /proc/self/clear_refs) to the end of training; both strictly alternating. Target: LoRA at most
+   half. `--only overlap`: `sec_per_step` (full fine-tuning, lag 0) against `sec_per_step_lag1`
+   (the next step's rollouts generated while a step trains), each in its own process; `--only
+   all`: both, sharing the full fine-tuning run.
+
+Peak memory is the process's peak RSS after our single-turn run (before trl is imported). Our
+runs here strictly alternate generation and training (`max_policy_lag=0`), as trl's loop does.
 Run: python benchmarks/grpo.py [--steps 25] [--model smollm2-135m | tiny] [--only-multiturn]
+     python benchmarks/grpo.py --only memory|overlap|all --steps 5
 Last line: JSON with heldout_reward_before, heldout_reward_after, trl_heldout_reward_before,
 trl_heldout_reward_after, steps, sec_per_step, trl_sec_per_step, sec_per_step_ratio_to_trl,
 peak_rss_mb, multiturn_heldout_before, multiturn_heldout_after (strict success; they replace the
 partial-credit multiturn_reward_before/after of earlier versions), multiturn_heldout_curve
-([step, success] pairs, -1 before training), multiturn_sec_per_step, the reward curves and
-load_average (the machine's load when it ran).
+([step, success] pairs, -1 before training), multiturn_sec_per_step, ddp2_sec_per_step, the
+reward curves and load_average (the machine's load when it ran).
 """
 
 from __future__ import annotations
@@ -74,6 +89,9 @@ from rollouts.providers.transformers_local import register_transformers_model
 from rollouts.run_config import RunConfig
 from rollouts.training import GRPOConfig, HeldOut, evaluate_heldout, grpo_train, load_causal_lm, local_policy
 from rollouts.training.tiny import tiny_chat_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grpo_ddp import run_ddp2
 
 SYSTEM = "Answer with only the number."
 EXAMPLE_PAIR = (2, 3)
@@ -267,6 +285,7 @@ async def run_ours(
         checkpoint_every=10_000,
         seed=args.seed,
         prepare_messages=question_messages,
+        max_policy_lag=0,  # strict alternation, as trl's loop (the overlap has its own figure: --only overlap)
     )
     backend, policy = local_policy(model, tokenizer, config, name="bench-policy")
     before = await heldout_reward("bench-policy", heldout, exact_sum, question_messages, max_tokens=args.max_tokens)
@@ -408,6 +427,7 @@ async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, ou
         checkpoint_every=10_000,
         seed=args.seed,
         prepare_messages=multiturn_messages,
+        max_policy_lag=0,
     )
     backend, policy = local_policy(model, tokenizer, config, name="bench-multiturn")
     heldout = HeldOut(held, calculator_success, every=args.multiturn_heldout_every)
@@ -433,6 +453,117 @@ async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, ou
         "multiturn_sec_per_step": sum(s.seconds for s in result.steps) / len(result.steps),
         "multiturn_reward_curve": [round(s.reward_mean, 4) for s in result.steps],
     }
+
+
+VARIANTS = {
+    # name: (LoRA rank, max_policy_lag); memory: full vs LoRA, both strictly alternating (no
+    # generation copy); overlap: full fine-tuning at lag 0 vs lag 1
+    "full": (0, 0),
+    "lora": (16, 0),
+    "lag1": (0, 1),
+}
+
+
+def training_peak_rss_mb() -> float:
+    """The process's peak RSS since `reset_peak_rss()` (Linux: VmHWM), else since it started."""
+    for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return peak_rss_mb()
+
+
+def reset_peak_rss() -> None:
+    """Start the peak RSS afresh (Linux: writing 5 to /proc/self/clear_refs resets VmHWM), so
+    the figure is training's, not the model load's (a GGUF is dequantised through a second copy)."""
+    Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")
+
+
+async def run_variant(model: Any, tokenizer: Any, args: argparse.Namespace, name: str, out: Path) -> dict[str, Any]:
+    """`--steps` steps of the single-turn task with variant `name`'s LoRA rank and policy lag."""
+    rank, lag = VARIANTS[name]
+    rows, _ = arithmetic_split(args.max_operand, args.heldout, seed=args.seed, example=EXAMPLE_PAIR)
+    config = GRPOConfig(
+        output_dir=out,
+        num_steps=args.steps,
+        batch_size=args.prompts_per_step,
+        n_samples_per_prompt=args.group,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        lr=args.lora_lr if rank else args.lr,
+        lr_schedule=args.lr_schedule,
+        checkpoint_every=10_000,
+        seed=args.seed,
+        prepare_messages=question_messages,
+        lora_r=rank,
+        lora_alpha=2.0 * rank if rank else 16.0,
+        max_policy_lag=lag,
+    )
+    backend, policy = local_policy(model, tokenizer, config, name=f"bench-{name}")
+    result = await grpo_train(config, rows, shaped_sum, backend=backend, inference=policy)
+    steps = result.steps
+    return {
+        "sec_per_step": sum(s.seconds for s in steps) / len(steps),
+        "generation_sec_per_step": sum(s.generation_seconds for s in steps) / len(steps),
+        "train_sec_per_step": sum(s.train_seconds for s in steps) / len(steps),
+        "policy_lags": [s.step - s.policy_version for s in steps],
+        "reward_curve": [round(s.reward_mean, 4) for s in steps],
+    }
+
+
+def child_main(args: argparse.Namespace) -> None:
+    """One variant in this process: load, reset the peak, train; one JSON line."""
+    model, tokenizer = tiny_chat_model(seed=0) if args.model == "tiny" else load_causal_lm(args.model)
+    reset_peak_rss()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = trio.run(run_variant, model, tokenizer, args, args.child, Path(tmp) / args.child)
+    result["peak_rss_mb"] = round(training_peak_rss_mb(), 1)
+    print(json.dumps(result))
+
+
+def run_child(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Variant `name` in a subprocess of its own, so each peak RSS is its own."""
+    import subprocess
+
+    command = [sys.executable, __file__, "--child", name, "--model", args.model, "--steps", str(args.steps)]
+    command += ["--threads", str(args.threads), "--seed", str(args.seed), "--lr", str(args.lr)]
+    command += ["--lora-lr", str(args.lora_lr), "--prompts-per-step", str(args.prompts_per_step)]
+    command += ["--group", str(args.group), "--max-tokens", str(args.max_tokens)]
+    print(f"{name}: {' '.join(command[1:])}", file=sys.stderr)
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"variant {name} failed:\n{proc.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"{name}: {json.dumps(out)}", file=sys.stderr)
+    return out
+
+
+def run_only(args: argparse.Namespace) -> dict[str, Any]:
+    """`--only memory`: peak RSS of full fine-tuning and of LoRA (rank 16, all linear layers);
+    `--only overlap`: seconds per step at lag 0 and lag 1; `--only all`: both, sharing the full
+    fine-tuning run — each variant in its own process."""
+    result: dict[str, Any] = {"model": args.model, "steps": args.steps, "only": args.only, "threads": args.threads}
+    full = run_child("full", args)
+    result["peak_rss_mb"] = full["peak_rss_mb"]
+    result["sec_per_step"] = full["sec_per_step"]
+    if args.only in ("memory", "all"):
+        lora = run_child("lora", args)
+        result["peak_rss_mb_lora"] = lora["peak_rss_mb"]
+        result["peak_rss_ratio_lora"] = lora["peak_rss_mb"] / full["peak_rss_mb"]
+        result["sec_per_step_lora"] = lora["sec_per_step"]
+        result["reward_curve_lora"] = lora["reward_curve"]
+    if args.only in ("overlap", "all"):
+        lag1 = run_child("lag1", args)
+        result["sec_per_step_lag1"] = lag1["sec_per_step"]
+        result["sec_per_step_ratio_lag1"] = lag1["sec_per_step"] / full["sec_per_step"]
+        for key in ("generation_sec_per_step", "train_sec_per_step"):
+            result[f"{key}_lag0"] = full[key]
+            result[f"{key}_lag1"] = lag1[key]
+        result["policy_lags_lag1"] = lag1["policy_lags"]
+        result["peak_rss_mb_lag1"] = lag1["peak_rss_mb"]
+        result["reward_curve_lag1"] = lag1["reward_curve"]
+    result["reward_curve"] = full["reward_curve"]
+    result["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return result
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -471,14 +602,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--skip-ddp2", action="store_true", help="leave out the 2-process DDP run")
+    parser.add_argument("--only-ddp2", action="store_true", help="only the 2-process DDP run (ddp2_sec_per_step)")
     parser.add_argument("--skip-multiturn", action="store_true")
     parser.add_argument("--skip-single", action="store_true", help="skip the single-turn runs (ours and trl)")
     parser.add_argument(
-        "--only-multiturn", action="store_true", help="only the multi-turn run (as --skip-single --skip-trl)"
+        "--only-multiturn",
+        action="store_true",
+        help="only the multi-turn run (as --skip-single --skip-trl --skip-ddp2)",
     )
+    parser.add_argument(
+        "--only",
+        choices=("memory", "overlap", "all"),
+        help="only peak_rss_mb vs peak_rss_mb_lora (memory), sec_per_step vs sec_per_step_lag1 (overlap) or "
+        "both (all), each variant in its own process for --steps steps",
+    )
+    parser.add_argument("--lora-lr", type=float, default=1e-4, help="learning rate of the LoRA variant")
+    parser.add_argument("--child", choices=tuple(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.only_multiturn:
-        args.skip_single = args.skip_trl = True
+        args.skip_single = args.skip_trl = args.skip_ddp2 = True
         args.skip_multiturn = False
     return args
 
@@ -486,6 +629,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
+    if args.child:
+        child_main(args)
+        return
+    if args.only:
+        only = run_only(args)
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in only.items()}))
+        return
+    # first, before this process loads its model: the two processes' memory does not add to its own
+    ddp2 = {} if args.skip_ddp2 else run_ddp2(sys.argv[1:])
+    if args.only_ddp2:
+        figures = {"model": args.model, "steps": args.steps, "group": args.group, **ddp2}
+        figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in figures.items()}))
+        return
 
     t0 = time.perf_counter()
     if args.model == "tiny":
@@ -514,6 +671,7 @@ def main() -> None:
         if not args.skip_multiturn:
             out = Path(args.multiturn_output) if args.multiturn_output else Path(tmp) / "multiturn"
             result.update(trio.run(run_multiturn, model, tokenizer, args, out))
+    result.update(ddp2)
     result["load_s"] = round(load_s, 1)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     result["peak_rss_mb_with_trl"] = round(peak_rss_mb(), 1)

@@ -281,3 +281,19 @@ def test_eval_ctrl_c_keeps_finished_samples_and_exits_130(tmp_path: Path) -> Non
     assert again.returncode == 0, again.stderr
     assert f"reused {kept}" in again.stdout and "8 samples [completed]" in again.stdout
     assert len(_probe_calls(log)) - calls_before == 8 - kept  # only the missing ones ran
+
+
+def test_eval_record_raw_keeps_each_calls_request_and_response(tmp_path: Path) -> None:
+    _dataset(tmp_path)
+    base = ("eval", "math.jsonl", "-m", "scripted/echo", "--score", "contains", "--no-progress")
+    r = run_cli(*base, "--output", "plain", tmp=tmp_path, env=cli_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "raw_request" not in (tmp_path / "plain" / "samples.jsonl").read_text()
+    r = run_cli(*base, "--output", "raw", "--record-raw", tmp=tmp_path, env=cli_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in (tmp_path / "raw" / "samples.jsonl").read_text().splitlines()]
+    assert len(lines) == 4
+    for line in lines:
+        (c,) = line["trajectory"]["completions"]
+        assert c["raw_request"] and c["raw_response"]
+        assert line["input"]["question"] in c["raw_request"]  # the request holds the prompt

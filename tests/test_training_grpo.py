@@ -59,6 +59,9 @@ def _config(out: Path, **changes: Any) -> GRPOConfig:
         lr_schedule="constant",
         checkpoint_every=4,
         seed=3,
+        # strict alternation, as these tests were written for (the default, 1, overlaps rollouts
+        # with training: tests/test_training_overlap.py)
+        max_policy_lag=0,
     )
     base.update(changes)
     return GRPOConfig(**base)

@@ -109,7 +109,13 @@ async def test_defect4_served_policy_trains_end_to_end_against_a_vllm_server_and
     served_model, _ = tiny_chat_model(seed=0)  # the server starts from the same weights
     server = ServedTinyModel(served_model, tokenizer)
     config = GRPOConfig(
-        output_dir=tmp_path / "run", num_steps=3, batch_size=2, n_samples_per_prompt=4, max_tokens=5, lr=3e-2
+        output_dir=tmp_path / "run",
+        num_steps=3,
+        batch_size=2,
+        n_samples_per_prompt=4,
+        max_tokens=5,
+        lr=3e-2,
+        max_policy_lag=0,  # a reload after every step (with a lag: tests/test_training_overlap.py)
     )
     backend = TorchBackend(trainer_model)
     prompts = [{"prompt": "say seven"}, {"prompt": "digits"}]

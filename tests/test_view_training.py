@@ -208,3 +208,40 @@ async def test_a_long_training_log_gives_a_page_of_bounded_size(tmp_path: Path, 
     first_path = d[d.index(' d="M') :].split('"')[1]
     assert first_path.count("L") <= POINTS_MAX
     assert 'id="step-19999"' in page and 'id="step-19899"' not in page and 'id="step-19899"' in older
+
+
+async def test_a_running_training_page_redraws_its_curves_as_steps_are_logged(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    from test_view_browser import WAIT_MS, _in_browser, _require_browser
+
+    _require_browser()
+    run = tmp_path / "running"
+    run.mkdir()
+
+    def log(step: int) -> None:
+        with open(run / "log.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "reward_mean": step / 10, "kl": 0.0, "loss": 0.1, "seconds": 2.0}) + "\n")
+
+    for i in range(2):
+        log(i)
+    catalog = FilesCatalog([run], cache_dir=tmp_path / "cache")
+    await catalog.index_once()
+    url = (await nursery.start(serve, create_app(catalog, live_poll_s=0.05))).rstrip("/")
+    (row,) = await catalog.list_training_runs()
+    assert row.active
+
+    def drive(page: Any) -> None:
+        from playwright.sync_api import expect
+
+        page.goto(f"{url}/training/{row.run_id}")
+        page.wait_for_selector("body[data-live-updates]", state="attached")  # the first event arrived
+        reward = page.locator("#curves figure.curve").first.locator("circle")
+        expect(reward).to_have_count(2)
+        log(2)  # the trainer finishes a step
+        expect(page.locator('[data-field="steps"]')).to_have_text("3", timeout=WAIT_MS)
+        expect(reward).to_have_count(3, timeout=WAIT_MS)  # redrawn in place
+        assert page.locator('[data-field="reward_last"]').inner_text() == "0.200"
+        assert page.evaluate("performance.getEntriesByType('navigation').length") == 1  # no reload
+
+    await trio.to_thread.run_sync(_in_browser(drive))

@@ -128,6 +128,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     again.add_argument("--overwrite", action="store_true", help="delete the results in the output directory first")
     g.add_argument("--name", metavar="NAME", help="evaluation name (default: from the dataset and model)")
+    g.add_argument(
+        "--record-raw",
+        action="store_true",
+        help="keep each model call's raw request and response (masked; rollouts view shows them in a sample's timeline)",
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--json", action="store_true", help="print the final report as JSON instead of a table")
     p.set_defaults(func=main)
@@ -344,7 +349,7 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
         "provider_error_retries": args.provider_retries,
         **epoch_settings(args),
     }
-    return EvalConfig(
+    eval_config = EvalConfig(
         endpoint=endpoint,
         score_fn=score_fn,
         prepare_messages=prepare,
@@ -356,6 +361,12 @@ def eval_config_from_args(args: argparse.Namespace) -> EvalConfig:
         metadata={"dataset": dataset_ref, "model": f"{endpoint.provider}/{endpoint.model}"},
         **given_settings(given),
     )
+    if getattr(args, "record_raw", False):
+        from rollouts.run_config import RunConfig
+
+        run_config = RunConfig(record_raw=True, max_turns=eval_config.effective_max_turns)
+        eval_config = replace(eval_config, run_config=run_config)
+    return eval_config
 
 
 def epoch_settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 The model runs in process (torch): a packaged model name (`smollm2-135m`), a `.gguf` file or a
 directory saved with `save_pretrained`. Each step samples `--group` completions for each of
 `--batch-size` prompts through the agent loop (with `--env` tools if given), scores them with
-`--score`, and takes one policy-gradient step. `DIR/log.jsonl` gets a line per step,
+`--score`, and takes one policy-gradient step (by default the next step's rollouts are generated
+while a step trains: `--max-policy-lag`). `DIR/log.jsonl` gets a line per step,
 `DIR/checkpoints/` a checkpoint every `--checkpoint-every` steps and at the end, and `DIR/final/`
 the trained weights (loadable as `--model DIR/final` or `Endpoint("transformers", "DIR/final")`;
 with `--lora-r` the LoRA adapters alone, which load the same way, merged into the base model they
@@ -13,12 +14,20 @@ score function, environment, starting model and settings (`--steps` may grow); o
 error names what changed. A rollout that fails is printed as it happens; by default any failure
 stops the run with its error (`--max-failed-fraction` lets a share fail: they are left out of
 training). docs/training.md gives the formula behind each setting.
+
+`--nproc-per-node N` trains data parallel in N processes on this machine: the command runs itself
+again under torchrun (`python -m torch.distributed.run --standalone --nproc-per-node N -m rollouts
+...`); `torchrun ... -m rollouts train grpo ...` (several machines: --nnodes, --node-rank,
+--rdzv-endpoint) works the same. `--parallel` chooses DDP or FSDP2; rank 0 prints, logs and writes
+the checkpoints and final weights.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +44,10 @@ examples:
   rollouts train grpo --model runs/sum/final --data prompts.jsonl --score exact_match --steps 20 --output runs/sum2
   rollouts train grpo --model smollm2-135m --data calc.jsonl --env calculator --max-turns 4 --score my_task:score \\
       --steps 8 --output runs/calc
+  rollouts train grpo --nproc-per-node 2 --parallel fsdp --model smollm2-135m --data prompts.jsonl \\
+      --score my_task:score --steps 10 --output runs/sum
+  torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+      -m rollouts train grpo --parallel fsdp ...      (and --node-rank 1 on the second machine)
   rollouts train grpo --model smollm2-135m --data prompts.jsonl --score my_task:score --steps 10 --output runs/lora \\
       --lora-r 16 --lora-alpha 32 --lr 1e-4
   rollouts train merge runs/lora/final --output runs/lora/merged
@@ -104,6 +117,32 @@ def add_parser(sub: Any) -> None:
     g.add_argument("--checkpoint-every", type=int, default=10, metavar="N", help="steps between checkpoints")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
+    _add_memory_and_overlap_options(g)
+    g.add_argument(
+        "--keep-step-samples",
+        action="store_true",
+        help="also write each step's rollouts to OUTPUT/steps/step_NNNNNN/ (rollouts view links them from the step)",
+    )
+    g.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train in N processes on this machine (runs itself under torchrun; one per GPU; default 1)",
+    )
+    g.add_argument(
+        "--parallel",
+        choices=("ddp", "fsdp"),
+        default="ddp",
+        help="with several processes: ddp (all-reduce gradients) or fsdp (FSDP2: shard weights, gradients and "
+        "optimizer state); default ddp",
+    )
+    g.set_defaults(func=run_grpo, parser=g)
+    _add_merge_parser(algorithms)
+
+
+def _add_memory_and_overlap_options(g: Any) -> None:
+    """LoRA, dtype, gradient checkpointing and overlap flags (docs/training.md)."""
     g.add_argument(
         "--lora-r",
         type=int,
@@ -130,11 +169,16 @@ def add_parser(sub: Any) -> None:
         help="recompute layer activations in the backward pass instead of keeping them (less memory, slower)",
     )
     g.add_argument(
-        "--keep-step-samples",
-        action="store_true",
-        help="also write each step's rollouts to OUTPUT/steps/step_NNNNNN/ (rollouts view links them from the step)",
+        "--max-policy-lag",
+        type=int,
+        default=1,
+        metavar="N",
+        help="generate step k+1's rollouts while step k trains (1, the default; the trainer's weights are "
+        "copied for generation) or strictly alternate (0)",
     )
-    g.set_defaults(func=run_grpo)
+
+
+def _add_merge_parser(algorithms: Any) -> None:
     m = algorithms.add_parser(
         "merge",
         help="write LoRA adapters merged into their base model as whole weights",
@@ -155,6 +199,39 @@ def _progress_line(result: Any, total: int) -> str:
         f"kl {m.get('kl', 0.0):.4f}  entropy {m.get('entropy', 0.0):.3f}  "
         f"{result.model_tokens / result.seconds if result.seconds else 0:.0f} tok/s  {result.seconds:.1f}s"
     )
+
+
+def _relaunch_argv(args: argparse.Namespace) -> list[str]:
+    """`train grpo` and every option as parsed, but --nproc-per-node: the command each process
+    runs under torchrun."""
+    out = ["train", "grpo"]
+    for action in args.parser._actions:
+        value = getattr(args, action.dest, None)
+        if not action.option_strings or action.dest in ("help", "nproc_per_node") or value is None:
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            out += [action.option_strings[0]] if value else []
+        else:
+            out += [action.option_strings[-1], str(value)]
+    return out
+
+
+def _run_under_torchrun(args: argparse.Namespace) -> int:
+    """Run this command in `--nproc-per-node` processes under torchrun; its exit code."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc_per_node}"]
+    command += ["-m", "rollouts", *_relaunch_argv(args)]
+    print(f"running {args.nproc_per_node} processes: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(command)
+    try:
+        return proc.wait()
+    finally:
+        if proc.poll() is None:  # interrupted: torchrun stops its workers on SIGTERM
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def _save_final(model: Any, tokenizer: Any, final: Path, source: str) -> None:
@@ -187,6 +264,20 @@ def run_merge(args: argparse.Namespace) -> int:
 
 
 def run_grpo(args: argparse.Namespace) -> int:
+    from rollouts.training.distributed import env_world
+
+    if args.nproc_per_node < 1:
+        raise CLIError("--nproc-per-node must be at least 1")
+    world = env_world()
+    main_rank = world is None or world.rank == 0
+    if args.nproc_per_node > 1 and world is None:
+        _check_settings(args)
+        return _run_under_torchrun(args)
+    _check_settings(args)
+    return _train(args, main_rank)
+
+
+def _check_settings(args: argparse.Namespace) -> None:
     for flag in ("steps", "batch_size", "group", "max_tokens", "max_turns", "checkpoint_every", "minibatches"):
         if getattr(args, flag) < 1:
             raise CLIError(f"--{flag.replace('_', '-')} must be at least 1")
@@ -205,11 +296,22 @@ def run_grpo(args: argparse.Namespace) -> int:
         raise CLIError("--max-failed-fraction must be at least 0 and below 1")
     if args.warmup_steps < 0:
         raise CLIError("--warmup-steps must be at least 0")
+    if args.max_policy_lag < 0:
+        raise CLIError("--max-policy-lag must be at least 0 (0: generation and training strictly alternate)")
     if args.lora_r < 0 or not args.lora_alpha > 0:
         raise CLIError("--lora-r must be at least 0 (0: no LoRA) and --lora-alpha above 0")
     targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
     if not targets:
         raise CLIError("--lora-targets: give module names (e.g. q_proj,v_proj) or all-linear")
+    if args.batch_size < args.nproc_per_node:
+        raise CLIError(
+            f"--batch-size {args.batch_size} is below --nproc-per-node {args.nproc_per_node}: each process rolls out "
+            "whole prompt groups, so give at least one prompt per process and step"
+        )
+
+
+def _train(args: argparse.Namespace, main_rank: bool) -> int:
+    targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
     rows = list(load_dataset(args.data))
     if not rows:
         raise CLIError(f"--data {args.data}: no rows")
@@ -260,27 +362,36 @@ def run_grpo(args: argparse.Namespace) -> int:
         lora_targets=targets,
         dtype=args.dtype,
         gradient_checkpointing=args.gradient_checkpointing,
+        max_policy_lag=args.max_policy_lag,
         prepare_messages=prepare,
         keep_step_samples=args.keep_step_samples,
+        parallel=args.parallel,
     )
-    print(f"loading {args.model} ...", file=sys.stderr)
+
+    def say(text: str) -> None:
+        if main_rank:  # under torchrun, rank 0 speaks for the run
+            print(text, file=sys.stderr, flush=True)
+
+    say(f"loading {args.model} ...")
     t0 = time.perf_counter()
     try:
         model, tokenizer = load_causal_lm(args.model)
     except Exception as e:  # a missing package, a bad path, a hash mismatch: say it and stop
         raise CLIError(f"--model {args.model}: {e}", exit_code=2) from None
-    print(f"loaded in {time.perf_counter() - t0:.1f}s; training for {args.steps} steps into {out}", file=sys.stderr)
+    say(f"loaded in {time.perf_counter() - t0:.1f}s; training for {args.steps} steps into {out}")
     backend, policy = local_policy(model, tokenizer, config, name=f"train:{out}")
 
     def progress(result: Any) -> None:
-        print(_progress_line(result, args.steps), file=sys.stderr, flush=True)
+        say(_progress_line(result, args.steps))
 
     async def main() -> Any:
         return await grpo_train(config, rows, score, factory, backend=backend, inference=policy, on_step=progress)
 
     result = trio.run(main)
+    if not main_rank:
+        return 0  # rank 0 writes the final weights
     if result.resumed_from is not None:
-        print(f"(resumed after step {result.resumed_from + 1})", file=sys.stderr)
+        say(f"(resumed after step {result.resumed_from + 1})")
     final = out / "final"
     _save_final(backend.model, tokenizer, final, args.model)
     last = result.steps[-1] if result.steps else None

@@ -5,7 +5,8 @@ the scripted provider run through) asks `recording()` once per call. When on, th
 `Completion` gets two texts:
 
 * `raw_request`: the request as the provider built it for its SDK or HTTP transport (messages,
-  tools, parameters, `extra_params` such as extra headers), as JSON;
+  tools, parameters, `extra_params` such as extra headers), as JSON (a request object that is
+  not plain data says what it sends through a `raw_record()` method, as the scripted provider's);
 * `raw_response`: the raw stream items of the attempt that succeeded (SDK chunk objects dumped,
   or the transport's decoded JSON), one JSON value a line.
 
@@ -66,6 +67,9 @@ def _jsonable(value: Any, depth: int = 0) -> Any:
         return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [_jsonable(v, depth + 1) for v in value]
+    record = getattr(value, "raw_record", None)  # (a request object that says what it sends)
+    if callable(record):
+        return _jsonable(record(), depth + 1)
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         try:
@@ -73,6 +77,9 @@ def _jsonable(value: Any, depth: int = 0) -> Any:
         except Exception:  # (an SDK object that cannot dump itself: shown by its repr)
             return repr(value)[:2000]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        to_dict = getattr(value, "to_dict", None)  # (our dataclasses: their own JSON form)
+        if callable(to_dict):
+            return _jsonable(to_dict(), depth + 1)
         return {f.name: _jsonable(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)}
     return repr(value)[:2000]
 

@@ -234,6 +234,11 @@ class _ScriptedStream:
         self._request = request
         self._pending: ScriptedReply | None = None
 
+    def raw_record(self) -> dict[str, Any]:
+        """What this call "sends", for `RunConfig.record_raw` (rollouts.providers.raw)."""
+        r = self._request
+        return {"model": self._model.name, "messages": r.messages, "tools": r.tools, "call_index": r.call_index}
+
     async def __aenter__(self) -> _ScriptedStream:
         model = self._model
         if model.latency_s > 0:

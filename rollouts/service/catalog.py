@@ -629,5 +629,5 @@ class ServiceCatalog:
         """Changes when any GEPA job of the workspace changes."""
         return await self.store.read(jobs_version, self.workspace_id)
 
-    async def version(self, kind: Literal["session", "eval", "gepa"], item_id: str) -> str:
+    async def version(self, kind: Literal["session", "eval", "gepa", "training"], item_id: str) -> str:
         return await self.store.read(_version, self.workspace_id, kind, item_id)

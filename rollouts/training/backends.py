@@ -5,7 +5,8 @@ implemented by `TorchBackend` (rollouts.training.torch_backend). `InferenceBacke
 Endpoint rollouts are generated with and brings it up to date after every training step:
 
 * `InProcessPolicy`: the trainer's own torch module, served by the `transformers` provider in
-  this process; the weights are shared, so every step is seen by the next token sampled.
+  this process; the weights are shared, so every step is seen by the next token sampled — or,
+  with `snapshot=True` (for overlapped rollouts), a copy of the trained weights updated by `sync`.
 * `ServedPolicy`: a vLLM server (provider `vllm`, the token-exact path over `/v1/completions`)
   behind a route that reloads weights from a path. After a step the trainer writes the weights
   to `weights_dir/step_NNNNNN` (`save_pretrained`), POSTs `{"model_path": ...}` to
@@ -18,6 +19,7 @@ Endpoint rollouts are generated with and brings it up to date after every traini
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -84,18 +86,28 @@ class InferenceBackend(Protocol):
 
 @dataclass
 class InProcessPolicy:
-    """The trainer's torch module served in this process as `Endpoint("transformers", name)`."""
+    """The trainer's torch module served in this process as `Endpoint("transformers", name)`.
+
+    By default the generation engine runs the trainer's own module (nothing to copy; the trainer
+    holds `weights_lock` while it changes the weights). With `snapshot=True` it runs a copy of
+    the weights instead (`rollouts.training.lora.generation_copy`: the trained parameters are
+    copied, frozen ones shared — with LoRA only the adapters cost memory, in full fine-tuning one
+    more copy of the weights), brought up to date by `sync`; that lets rollouts be generated
+    while the trainer changes its weights (`GRPOConfig.max_policy_lag > 0`)."""
 
     name: str
     model: Any
     tokenizer: Any
     max_batch_size: int = 64
+    snapshot: bool = False
 
     def __post_init__(self) -> None:
         from rollouts.providers.transformers_local import register_transformers_model
+        from rollouts.training.lora import generation_copy
 
+        self.generation_model = generation_copy(self.model) if self.snapshot else self.model
         self.entry = register_transformers_model(
-            self.name, self.model, self.tokenizer, max_batch_size=self.max_batch_size
+            self.name, self.generation_model, self.tokenizer, max_batch_size=self.max_batch_size
         )
 
     @property
@@ -103,12 +115,26 @@ class InProcessPolicy:
         """Held by the trainer while it changes the weights (generation holds it per token)."""
         return self.entry.engine.weights_lock
 
+    @property
+    def shares_trainer_weights(self) -> bool:
+        """Whether generation runs the trainer's own module (no snapshot)."""
+        return not self.snapshot
+
     def endpoint(self, *, max_tokens: int, temperature: float) -> Endpoint:
         return Endpoint("transformers", self.name, max_tokens=max_tokens, temperature=temperature)
 
     async def sync(self, trainer: TrainingBackend, step: int) -> None:
-        # The generation engine runs the trainer's own module: nothing to copy.
         assert getattr(trainer, "model", self.model) is self.model, "InProcessPolicy must serve the trainer's model"
+        if not self.snapshot:
+            return  # the generation engine runs the trainer's own module: nothing to copy
+        from rollouts.training.lora import copy_trained_weights
+
+        def copy() -> None:
+            trainer_lock = getattr(trainer, "weights_lock", None) or contextlib.nullcontext()
+            with trainer_lock, self.weights_lock:
+                copy_trained_weights(self.model, self.generation_model)
+
+        await trio.to_thread.run_sync(copy)
 
 
 _CANNOT_RELOAD = {

@@ -136,13 +136,17 @@ def truncate_log(path: Path, last_step: int) -> None:
 
 
 async def write_checkpoint(
-    config: GRPOConfig, backend: TrainingBackend, step: int, fingerprint: RunFingerprint
+    config: GRPOConfig, backend: TrainingBackend, step: int, fingerprint: RunFingerprint, *, is_main: bool = True
 ) -> None:
     """Checkpoint `step` atomically (the directory exists whole or not at all), keeping the
-    newest `config.keep_checkpoints`."""
+    newest `config.keep_checkpoints`. Under torchrun every rank calls it (gathering sharded
+    state is collective) and rank 0 (`is_main`) alone writes."""
     root = config.output_dir / CHECKPOINTS
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
+    if not is_main:
+        await backend.save_checkpoint(tmp)  # takes part in the gathering; writes nothing
+        return
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)

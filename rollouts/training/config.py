@@ -22,12 +22,14 @@ LossNormalization = Literal["per_token", "per_sequence"]
 ScaleRewards = Literal["group", "batch", "none"]
 LRSchedule = Literal["linear", "cosine", "constant"]
 Dtype = Literal["fp32", "bf16"]
+Parallel = Literal["ddp", "fsdp"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "loss_normalization": ("per_token", "per_sequence"),
     "scale_rewards": ("group", "batch", "none"),
     "lr_schedule": ("linear", "cosine", "constant"),
     "dtype": ("fp32", "bf16"),
+    "parallel": ("ddp", "fsdp"),
 }
 
 
@@ -70,9 +72,19 @@ class GRPOConfig:
     gradient_checkpointing: recompute each decoder layer's activations in the backward pass
         instead of keeping them (less memory, about one more forward pass of time); not part
         of what a resume must share (it does not change the arithmetic).
+    max_policy_lag: how many training steps older than the step it trains a rollout's policy
+        may be. 0: generation and training strictly alternate; 1 (the default): step k + 1's
+        rollouts are generated while step k trains, by the policy before step k's update (the
+        clipped ratio uses the sampler's stored log-probs, so the update stays the correct
+        off-policy one); checkpoint steps drain, so resumes stay exact
+        (`rollouts.training.overlap`). Larger values are accepted; the lag never exceeds 1.
     keep_step_samples: also write each step's rollouts (an eval output directory: samples.jsonl,
         report.json) to `<output_dir>/steps/step_NNNNNN/`, which `rollouts view` links from the
         step; off by default (the token records make them large). Not part of the resume check.
+    parallel: under torchrun with more than one process, "ddp" (each process holds the model and
+        optimizer state; gradients are all-reduced) or "fsdp" (FSDP2: parameters, gradients and
+        optimizer state sharded over the processes); ignored in one process. Not part of what a
+        resume must share: a run resumes at another world size or parallelism.
     """
 
     output_dir: Path
@@ -100,10 +112,12 @@ class GRPOConfig:
     lora_targets: tuple[str, ...] = ("all-linear",)
     dtype: Dtype = "fp32"
     gradient_checkpointing: bool = False
+    max_policy_lag: int = 1
     prepare_messages: PrepareMessages = default_prepare_messages
     sample_timeout_s: float | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     keep_step_samples: bool = False
+    parallel: Parallel = "ddp"
 
     def __post_init__(self) -> None:
         for name in ("num_steps", "batch_size", "max_tokens", "max_turns", "checkpoint_every", "keep_checkpoints"):
@@ -131,6 +145,10 @@ class GRPOConfig:
                 f"GRPOConfig: lora_r must be >= 0 (0: no LoRA), lora_alpha > 0 and lora_targets non-empty; got "
                 f"lora_r={self.lora_r}, lora_alpha={self.lora_alpha}, lora_targets={self.lora_targets!r}"
             )
+        if self.max_policy_lag < 0:
+            raise ConfigurationError(
+                f"GRPOConfig.max_policy_lag must be >= 0 (0: strict alternation), got {self.max_policy_lag}"
+            )
         if self.warmup_steps < 0:
             raise ConfigurationError(f"GRPOConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
         if not 0.0 <= self.max_failed_fraction < 1.0:
@@ -147,12 +165,13 @@ class GRPOConfig:
     def settings(self) -> dict[str, Any]:
         """What a resumed run must share with the run it continues, by name: every setting but
         num_steps (a run may be extended), output_dir, metadata, gradient_checkpointing (memory
-        only), keep_step_samples (what is written, not what is trained) and the callables (those
-        are fingerprinted by identity: see
-        `rollouts.training.checkpoints`). The LoRA settings are left out when LoRA is off, and
-        dtype when it is fp32, so runs checkpointed before those settings existed still resume."""
+        only), keep_step_samples (what is written, not what is trained), parallel (a run resumes
+        at another world size or parallelism) and the callables (those are fingerprinted by
+        identity: see `rollouts.training.checkpoints`). The LoRA settings are left out when LoRA
+        is off, and dtype when it is fp32, so runs checkpointed before those settings existed
+        still resume."""
         skip = {"num_steps", "output_dir", "prepare_messages", "metadata", "gradient_checkpointing"}
-        skip.add("keep_step_samples")
+        skip |= {"keep_step_samples", "parallel"}
         if self.lora_r == 0:
             skip |= {"lora_r", "lora_alpha", "lora_targets"}
         if self.dtype == "fp32":

@@ -132,18 +132,23 @@ def group_advantages(rewards: Sequence[float], *, scale: bool = True, std: float
     return [c / divisor for c in centred]
 
 
-def with_group_advantages(samples: Sequence[TrainingSample], *, scale_rewards: str = "group") -> list[TrainingSample]:
+def with_group_advantages(
+    samples: Sequence[TrainingSample], *, scale_rewards: str = "group", batch_rewards: Sequence[float] | None = None
+) -> list[TrainingSample]:
     """`samples` with `advantage` set per group (`group_index`): reward minus the group's mean,
     divided by the group's ("group") or all trainable samples' ("batch") unbiased standard
     deviation + 1e-4, or not divided ("none"). Samples without tokens (failed rollouts) are left
-    out of the statistics and get advantage 0."""
+    out of the statistics and get advantage 0. `batch_rewards`: the rewards the "batch" standard
+    deviation is over when `samples` are one process's part of the step (default: theirs)."""
     if scale_rewards not in ("group", "batch", "none"):
         raise ValueError(f"scale_rewards must be group, batch or none, got {scale_rewards!r}")
     groups: dict[int, list[int]] = {}
     for i, s in enumerate(samples):
         if s.tokens:
             groups.setdefault(s.group_index, []).append(i)
-    batch_std = _std([samples[i].reward for members in groups.values() for i in members])
+    if batch_rewards is None:
+        batch_rewards = [samples[i].reward for members in groups.values() for i in members]
+    batch_std = _std(batch_rewards)
     out = [replace(s, advantage=0.0) for s in samples]
     for members in groups.values():
         rewards = [samples[i].reward for i in members]

@@ -15,6 +15,11 @@
   batch; the gradients accumulate into exactly the step over the whole batch;
 * gradients are clipped to `max_grad_norm`, then one AdamW step at the `lr` given (the schedule
   lives in `GRPOConfig`; the backend holds no learning rate of its own).
+Under `torchrun` (more than one process: `rollouts.training.distributed`) each rank trains on its
+own samples: the denominators above are the whole step's (summed over the ranks), gradients are
+all-reduced (`parallel="ddp"`) or sharded with FSDP2 (`parallel="fsdp"`), so N processes make
+the update one process would make on the same step; the metrics are the step's; rank 0 writes
+checkpoints, in the one-process format.
 `clip_fraction` is trl's: the share of sampled tokens where clipping binds — ratio > 1 + eps with
 a positive advantage, or ratio < 1 - eps with a negative one.
 
@@ -42,7 +47,7 @@ from typing import Any
 import trio
 
 from rollouts.errors import ConfigurationError
-from rollouts.training import lora
+from rollouts.training import distributed, lora
 from rollouts.training.sample import TrainingSample
 
 
@@ -90,6 +95,7 @@ class TorchBackend:
         weight_decay: float = 0.0,
         weights_lock: Any = None,
         pad_id: int = 0,
+        parallel: str = "ddp",
     ) -> None:
         if num_minibatches < 1:
             raise ValueError(f"TorchBackend: num_minibatches must be >= 1, got {num_minibatches}")
@@ -113,17 +119,26 @@ class TorchBackend:
         self.weight_decay = weight_decay
         self.weights_lock = weights_lock or threading.Lock()
         self.pad_id = pad_id
+        if parallel not in distributed.PARALLEL_CHOICES:
+            raise ValueError(f"TorchBackend: parallel must be ddp or fsdp, got {parallel!r}")
+        self.parallel = parallel  # used only under torchrun with more than one process
         self.optimizer: Any = None
         self.device = next(model.parameters()).device
+        self._prepared: distributed.Prepared | None = None
 
     # -- protocol --------------------------------------------------------------------------
 
     async def initialize(self) -> None:
         torch = _torch()
+        if self._prepared is None:
+            world = distributed.init_from_env()
+            self._prepared = distributed.prepare_training(self.model, self.parallel, world)
         if self.optimizer is None:
             # lr is set by every train_step (the schedule is GRPOConfig's)
             self.optimizer = torch.optim.AdamW(
-                [p for p in self.model.parameters() if p.requires_grad], lr=0.0, weight_decay=self.weight_decay
+                [p for p in self._prepared.trained.parameters() if p.requires_grad],
+                lr=0.0,
+                weight_decay=self.weight_decay,
             )
         self.model.eval()  # no dropout: the policy trained is the policy sampled
 
@@ -145,6 +160,8 @@ class TorchBackend:
         an inference server loads them)."""
 
         def save() -> None:
+            if self._prepared is not None and not self._prepared.world.is_main:
+                return  # rank 0 writes
             with self.weights_lock:
                 if lora.is_adapted(self.model):
                     lora.merged_model(self.model).save_pretrained(str(directory))
@@ -189,7 +206,8 @@ class TorchBackend:
         rows, cols = torch.nonzero(mask[:, 1:] > 0, as_tuple=True)
         target = ids[rows, cols + 1]
         old_lp = old[rows, cols + 1]
-        logp_all = self._selected_logprobs(self.model, ids, attn, rows, cols)
+        assert self._prepared is not None
+        logp_all = self._selected_logprobs(self._prepared.module, ids, attn, rows, cols)
         logp = logp_all.gather(-1, target[:, None])[:, 0]
         ratio = torch.exp(logp - old_lp)
         a = adv[rows]
@@ -197,6 +215,7 @@ class TorchBackend:
         kl = torch.zeros_like(per_token)
         if self.kl_coef > 0:
             with torch.no_grad(), self._reference() as reference:
+                reference = distributed.selected_logits_module(reference)
                 ref_all = self._selected_logprobs(reference, ids, attn, rows, cols)
                 ref_lp = ref_all.gather(-1, target[:, None])[:, 0]
             delta = ref_lp - logp
@@ -222,54 +241,84 @@ class TorchBackend:
             with lora.adapters_disabled(self.model) as base:
                 yield base
 
-    def _selected_logprobs(self, model: Any, ids: Any, attn: Any, rows: Any, cols: Any) -> Any:
-        """Log-softmax (at `temperature`) of the next-token logits at positions (rows, cols)."""
+    def _selected_logprobs(self, module: Any, ids: Any, attn: Any, rows: Any, cols: Any) -> Any:
+        """Log-softmax (at `temperature`) of the next-token logits at positions (rows, cols);
+        `module` is a `distributed.selected_logits_module` (wrapped in DDP / FSDP under torchrun)."""
         torch = _torch()
-        hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-        logits = model.get_output_embeddings()(hidden[rows, cols]).float()
+        logits = module(ids, attn, rows, cols)
         if self.temperature > 0 and self.temperature != 1.0:
             logits = logits / self.temperature
         return torch.log_softmax(logits, dim=-1)
 
-    def _loss_weights(self, usable: list[TrainingSample]) -> dict[str, float]:
-        """Each sample's per-token weight in the step's loss (see the module docstring)."""
+    def _loss_weights(self, usable: list[TrainingSample], n_usable: float, total_tokens: float) -> dict[str, float]:
+        """Each sample's per-token weight in the step's loss (see the module docstring); `n_usable`
+        and `total_tokens` are the whole step's (every rank's)."""
         if self.loss_normalization == "per_token":
-            total = sum(s.num_model_tokens for s in usable)
-            return {s.id: 1.0 / total for s in usable}
-        return {s.id: 1.0 / (s.num_model_tokens * len(usable)) for s in usable}
+            return {s.id: 1.0 / total_tokens for s in usable}
+        return {s.id: 1.0 / (s.num_model_tokens * n_usable) for s in usable}
+
+    def _minibatches(self, computed: list[TrainingSample], world: distributed.World) -> list[list[TrainingSample]]:
+        """The forward/backward passes of the step. Under torchrun every rank runs exactly
+        `num_minibatches` passes (an empty one where it has fewer samples): DDP and FSDP
+        exchange at every pass, so the ranks must run the same number."""
+        size = max(1, math.ceil(len(computed) / self.num_minibatches))
+        parts = [computed[start : start + size] for start in range(0, len(computed), size)]
+        if world.distributed:
+            parts += [[] for _ in range(self.num_minibatches - len(parts))]
+        return parts
+
+    def _idle_pass(self) -> Any:
+        """A pass contributing nothing (weight 0) for a rank with no sample left this pass: it
+        still takes part in the gradient exchange."""
+        pad = self.pad_id
+        idle = TrainingSample("__idle__", -1, tokens=(pad, pad), loss_mask=(0, 1), rollout_logprobs=(0.0, 0.0))
+        return self._minibatch_terms([idle], [0.0])[0]
 
     def _train_step(self, batch: list[TrainingSample], lr: float) -> dict[str, float]:
-        torch = _torch()
+        assert self._prepared is not None
+        prepared, world = self._prepared, self._prepared.world
         usable = [s for s in batch if s.tokens and s.num_model_tokens > 0]
         computed = [s for s in usable if s.advantage != 0.0 or self.kl_coef > 0]
-        total_tokens = sum(s.num_model_tokens for s in usable)
+        counts = [len(usable), sum(s.num_model_tokens for s in usable), len(computed)]
+        counts.append(sum(s.num_model_tokens for s in computed))
+        n_usable, total_tokens, n_computed, computed_tokens = distributed.all_reduce_sums(
+            world, counts, "summing the step's token counts"
+        )
         metrics = {"loss": 0.0, "kl": 0.0, "train_entropy": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "lr": lr}
-        metrics["trained_samples"] = float(len(usable))
-        metrics["nonzero_advantage_samples"] = float(len(computed))
+        metrics["trained_samples"] = float(n_usable)
+        metrics["nonzero_advantage_samples"] = float(n_computed)
         metrics["model_tokens"] = float(total_tokens)
-        if not computed:
+        if not n_computed:
             return metrics
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        weights = self._loss_weights(usable)
-        size = math.ceil(len(computed) / self.num_minibatches)
-        computed_tokens = sum(s.num_model_tokens for s in computed)
-        clipped = kl = entropy = 0.0
-        with self.weights_lock, lora.checkpointing_active(self.model):
+        weights = self._loss_weights(usable, n_usable, total_tokens)
+        parts = self._minibatches(computed, world)
+        loss_sum = clipped = kl = entropy = 0.0
+        exchange = distributed.collective(world, "the step's gradient exchange", only_if_a_peer_failed=True)
+        with self.weights_lock, lora.checkpointing_active(prepared.trained), exchange:
             self.optimizer.zero_grad(set_to_none=True)
-            for start in range(0, len(computed), size):
-                part = computed[start : start + size]
-                loss, stats = self._minibatch_terms(part, [weights[s.id] for s in part])
-                loss.backward()
-                metrics["loss"] += float(loss.detach())
+            for i, part in enumerate(parts):
+                with distributed.gradient_sync(prepared, enabled=i == len(parts) - 1):
+                    if not part:
+                        self._idle_pass().backward()
+                        continue
+                    loss, stats = self._minibatch_terms(part, [weights[s.id] for s in part])
+                    # DDP and FSDP average the ranks' gradients; the step's gradient is their sum
+                    (loss * world.size if world.distributed else loss).backward()
+                loss_sum += float(loss.detach())
                 kl += stats["kl"]
                 entropy += stats["entropy"]
                 clipped += stats["clipped"]
-            params = [p for p in self.model.parameters() if p.grad is not None]
-            norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-            metrics["grad_norm"] = float(norm)
+            params = [p for p in prepared.trained.parameters() if p.grad is not None]
+            metrics["grad_norm"] = distributed.clip_grad_norm(prepared, params, self.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            distributed.copy_to_replica(prepared, self.model)
+        loss_sum, kl, entropy, clipped = distributed.all_reduce_sums(
+            world, [loss_sum, kl, entropy, clipped], "summing the step's metrics"
+        )
+        metrics["loss"] = loss_sum
         metrics["kl"] = kl / computed_tokens
         metrics["train_entropy"] = entropy / computed_tokens
         metrics["clip_fraction"] = clipped / total_tokens
@@ -280,24 +329,43 @@ class TorchBackend:
         return {name for name, p in self.model.named_parameters(remove_duplicate=False) if not p.requires_grad}
 
     def _save_checkpoint(self, directory: Path) -> None:
+        """Weights, optimizer and RNG in the one-process format (gathered whole under FSDP: a
+        collective); only rank 0 writes."""
         torch = _torch()
-        directory.mkdir(parents=True, exist_ok=True)
+        assert self._prepared is not None
+        main = self._prepared.world.is_main
+        if main:
+            directory.mkdir(parents=True, exist_ok=True)
         frozen = self._frozen_names()
         with self.weights_lock:
-            if lora.is_adapted(self.model):
+            if main and lora.is_adapted(self.model):
                 lora.save_adapter(self.model, directory / "adapter")
             state = {
                 "model": {k: v.detach().clone() for k, v in self.model.state_dict().items() if k not in frozen},
                 "frozen": sorted(frozen),
-                "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+                "optimizer": (
+                    distributed.full_optimizer_state(self._prepared, self.optimizer)
+                    if self.optimizer is not None
+                    else None
+                ),
                 "torch_rng": torch.get_rng_state(),
                 "python_rng": random.getstate(),
             }
-        torch.save(state, directory / "trainer.pt")
+        if main:
+            torch.save(state, directory / "trainer.pt")
 
     def _load_checkpoint(self, directory: Path) -> None:
+        """Restore a checkpoint written at any world size: rank 0 reads it and sends it to the
+        others (their disks need not hold it)."""
         torch = _torch()
-        state = torch.load(directory / "trainer.pt", map_location=self.device, weights_only=False)
+        assert self._prepared is not None
+        world = self._prepared.world
+        state = None
+        if world.is_main:
+            where = "cpu" if world.distributed else self.device
+            state = torch.load(directory / "trainer.pt", map_location=where, weights_only=False)
+        state = distributed.broadcast(world, state, "sending the checkpoint")
+        assert state is not None
         frozen = self._frozen_names()
         with self.weights_lock:
             try:
@@ -312,9 +380,8 @@ class TorchBackend:
                     f"checkpoint {directory} holds weights of another model architecture ({first}); resume with "
                     "the model the run started from, or use a new output directory"
                 ) from None
-            if state["optimizer"] is not None:
-                if self.optimizer is None:
-                    raise AssertionError("load_checkpoint after initialize(): the optimizer must exist")
-                self.optimizer.load_state_dict(state["optimizer"])
+            if state["optimizer"] is not None and self.optimizer is None:
+                raise AssertionError("load_checkpoint after initialize(): the optimizer must exist")
+            distributed.load_full_state(self._prepared, self.model, state["model"], self.optimizer, state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])

@@ -98,6 +98,13 @@ class RunDirs:
 
         return await trio.to_thread.run_sync(rows)
 
+    def training_path(self, run_id: str) -> Path:
+        """The directory of training run `run_id` (NotFound if there is none)."""
+        src = self._training.get(run_id)
+        if src is None:
+            raise NotFound(f"no training run {run_id!r}")
+        return src.path
+
     async def get_training_run(self, run_id: str) -> TrainingRunDetail:
         src = self._training.get(run_id)
         if src is None:

@@ -151,9 +151,13 @@ def _pp(request: Request, name: str) -> str:
     return str(request.path_params[name])
 
 
-async def live_numbers(catalog: Catalog, kind: str, item_id: str) -> tuple[dict[str, Any], bool]:
+async def live_numbers(
+    catalog: Catalog, kind: str, item_id: str, links: ServerLinks | None = None
+) -> tuple[dict[str, Any], bool]:
     """What a live page refreshes (texts formatted as the page shows them), and whether the
-    item has finished (no more updates will come)."""
+    item has finished (no more updates will come). `links` make the links inside what is
+    refreshed (a training run's curves)."""
+    links = links or ServerLinks()
     if kind == "eval":
         row = (await catalog.get_eval_run(item_id)).row
         data = {"status": row.status, "n_samples": num(row.n_samples), "n_failed": num(row.n_failed),
@@ -167,6 +171,11 @@ async def live_numbers(catalog: Catalog, kind: str, item_id: str) -> tuple[dict[
                 "n_candidates": str(r.n_candidates), "iterations": str(r.iterations),
                 "metric_calls": num(r.metric_calls), "plot": str(pages.gepa_plot(d))}  # fmt: skip
         return data, r.status != "running"
+    if kind == "training":
+        t = await catalog.get_training_run(item_id)
+        data = {"steps": num(t.row.steps), "reward_last": num(t.row.reward_last),
+                "heldout_last": num(t.row.heldout_last) or "—", "curves": str(pages.training_curves(t, links))}  # fmt: skip
+        return data, not t.row.active
     if kind == "session":
         s = await catalog.get_session(item_id, limit=1)
         data = {"status": s.row.status, "n_messages": num(s.n_messages), "tokens": num(s.row.tokens),
@@ -338,12 +347,12 @@ async def api_gepa_run(ctx: ViewContext, r: Request) -> Response:
 
 async def live(ctx: ViewContext, r: Request) -> Response:
     kind, item_id = _pp(r, "kind"), _pp(r, "item_id")
-    if kind not in ("session", "eval", "gepa"):
+    if kind not in ("session", "eval", "gepa", "training"):
         raise NotFound(f"no live view of {kind!r}")
     catalog = ctx.catalog_for(r)
     # the token is read before the numbers, so a change in between shows in the next poll
     last = await catalog.version(kind, item_id)  # type: ignore[arg-type]  # NotFound -> 404
-    first, finished = await live_numbers(catalog, kind, item_id)
+    first, finished = await live_numbers(catalog, kind, item_id, ctx.links)
 
     async def poll() -> tuple[dict[str, Any], bool] | None:
         nonlocal last
@@ -351,7 +360,7 @@ async def live(ctx: ViewContext, r: Request) -> Response:
         if token == last:
             return None
         last = token
-        data, done = await live_numbers(catalog, kind, item_id)
+        data, done = await live_numbers(catalog, kind, item_id, ctx.links)
         if kind == "eval":  # the samples table of the page, as its filters show it
             data["rows"] = await pages.sample_rows(catalog, ctx.links, item_id, _params(r))
         return data, done

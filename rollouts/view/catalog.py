@@ -303,6 +303,7 @@ class TrainingRunRow:
     heldout_last: float | None = None
     checkpoints: int = 0
     updated_at: str = ""
+    active: bool = False  # its log was written in the last few minutes (live pages keep listening)
 
 
 @dataclass(frozen=True)
@@ -403,6 +404,6 @@ class Catalog(Protocol):
 
     async def gepa_reflections(self, run_id: str, iteration: int) -> Sequence[Reflection]: ...
 
-    async def version(self, kind: Literal["session", "eval", "gepa"], item_id: str) -> str:
+    async def version(self, kind: Literal["session", "eval", "gepa", "training"], item_id: str) -> str:
         """A token that changes whenever the item changes (live pages poll it)."""
         ...

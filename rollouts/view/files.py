@@ -594,13 +594,16 @@ class FilesCatalog:
     # live
     # ----------------------------------------------------------------------------------------
 
-    async def version(self, kind: Literal["session", "eval", "gepa"], item_id: str) -> str:
+    async def version(self, kind: Literal["session", "eval", "gepa", "training"], item_id: str) -> str:
         if kind == "eval":
             src = self._eval(item_id)
             paths = [src.path / "samples.jsonl", src.path / "report.json"]
         elif kind == "gepa":
             g = self._gepa_src(item_id)
             paths = [g.path / "state.json", g.path / "result.json"]
+        elif kind == "training":
+            t = self._dirs.training_path(item_id)
+            paths = [t / LOG_FILE, t / "checkpoints"]
         elif kind == "session":
             s, _ = await trio.to_thread.run_sync(self._find_store, item_id)
             paths = [s.path / item_id / "messages.jsonl", s.path / item_id / "session.json"]  # (indexed by _find_store)

@@ -24,6 +24,7 @@ from rollouts.view.catalog import (
     NotFound,
     SampleQuery,
     SessionQuery,
+    TrainingRunDetail,
 )
 from rollouts.view.links import Links
 from rollouts.view.plots import ci_plot, line_plot
@@ -401,19 +402,19 @@ MORE_CURVES = (("entropy", "entropy"), ("grad_norm", "gradient norm"), ("lr", "l
 TRAINING_STEPS_PAGE = 100
 
 
+def training_curves(d: TrainingRunDetail, links: Links, which: Sequence[tuple[str, str]] = TRAINING_CURVES) -> Markup:
+    """The curves of a training run (drawn as SVG; a step's dot links to its rollouts when the
+    run kept them), `which` of them: (log key, title), all drawn (an absent key: "no values")."""
+    hrefs = {float(s.step): links.eval_run(s.samples_run_id) for s in d.steps if s.samples_run_id is not None}
+    return Markup("").join(line_plot(d.series(k), title=t, hrefs=hrefs) for k, t in which)
+
+
 async def training_run_page(catalog: Catalog, links: Links, run_id: str, params: Params) -> str:
-    """A training run: its curves (drawn here as SVG; a step's dot links to its rollouts when
-    the run kept them) and its steps, newest first, each linked to its rollouts."""
+    """A training run: its curves and its steps, newest first, each linked to its rollouts;
+    live while its log grows."""
     d = await catalog.get_training_run(run_id)
-    hrefs = {
-        float(s.step): links.eval_run(s.samples_run_id) for s in d.steps if s.samples_run_id is not None
-    }  # fmt: skip
-
-    def curve(key: str, title: str) -> Any:
-        return line_plot(d.series(key), title=title, hrefs=hrefs)
-
-    curves = [curve(k, t) for k, t in TRAINING_CURVES]
-    more = [curve(k, t) for k, t in MORE_CURVES if k in d.keys]
+    curves = training_curves(d, links)
+    more = training_curves(d, links, [(k, t) for k, t in MORE_CURVES if k in d.keys])
     page_no = _page_number(params)
     newest = list(reversed(d.steps))
     shown = newest[(page_no - 1) * TRAINING_STEPS_PAGE : page_no * TRAINING_STEPS_PAGE]
