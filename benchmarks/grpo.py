@@ -428,6 +428,7 @@ async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, ou
         seed=args.seed,
         prepare_messages=multiturn_messages,
         max_policy_lag=0,
+        num_minibatches=args.multiturn_minibatches,
     )
     backend, policy = local_policy(model, tokenizer, config, name="bench-multiturn")
     heldout = HeldOut(held, calculator_success, every=args.multiturn_heldout_every)
@@ -572,6 +573,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--multiturn-steps", type=int, default=4)
     parser.add_argument("--multiturn-group", type=int, default=8)
+    parser.add_argument(
+        "--multiturn-minibatches", type=int, default=1, help="training passes per step (less memory, same update)"
+    )
     parser.add_argument("--multiturn-lr", type=float, default=2e-5)
     parser.add_argument("--multiturn-turns", type=int, default=3, help="model turns per calculator episode")
     parser.add_argument("--multiturn-max-tokens", type=int, default=40, help="per model turn")
