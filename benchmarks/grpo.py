@@ -23,12 +23,19 @@ the equation form.)
    loss_type "dapo" and scale_rewards "group" are ours: per-token loss, unbiased group std);
    its model's held-out reward is measured before and after on the same held-out set, through
    the same `evaluate()` path and greedy decoding as ours.
-3. multi-turn: the same loop through `CalculatorEnvironment` tool calls ("start from 0, add a,
-   add b, then complete the task"), after one worked episode (2 + 1) given as real tool calls and
-   results — from the tools' description alone SmolLM2-135M wrote no tool call at all —,
-   sampled at temperature 0.7, its held-out pairs split off the same way (none shared with its
-   training rows, never its worked example 2 + 1): reward 1.0 when the run completed the task with the calculator at
-   the sum, 0.5 when it made at least one valid tool call, else 0; held-out before and after.
+3. multi-turn: the same loop through tool calls ("start from 0, add a, then add b, then call
+   complete_task with the result"), in `AddCalculator` (the calculator with only the two tools
+   the task needs), after one worked episode (2 + 1) given as real tool calls and the
+   environment's own results — from the tools' description alone SmolLM2-135M wrote no tool call
+   at all —, sampled at `--multiturn-temperature`. Held out: at least 16 episodes
+   (`--heldout-multiturn`; 17 with the defaults), split off as above — no operand pair shared
+   with training in either order, never the worked episode. Training reward
+   (`calculator_shaped`): 0.25 when the first call is add(a), 0.25 more when the second is then
+   add(b), 0.5 for success. The held-out
+   figure is strict success (`calculator_success`): complete_task called with the calculator at
+   the sum and the sum reported, greedily, before training and every `--multiturn-heldout-every`
+   steps during it (`grpo_train(..., heldout=HeldOut(...))`, so it is also in the run's
+   log.jsonl as `heldout_reward`). `--only-multiturn` runs this alone.
 
 4. ddp2 (run first, before this process loads its model): the single-turn run of 1. (without
    its held-out measurements) in 2 processes under torchrun, data parallel with DDP over gloo (`benchmarks/grpo_ddp.py`): `ddp2_sec_per_step` beside
@@ -47,11 +54,14 @@ the equation form.)
 
 Peak memory is the process's peak RSS after our single-turn run (before trl is imported). Our
 runs here strictly alternate generation and training (`max_policy_lag=0`), as trl's loop does.
-Run: python benchmarks/grpo.py [--steps 25] [--model smollm2-135m | tiny]
+Run: python benchmarks/grpo.py [--steps 25] [--model smollm2-135m | tiny] [--only-multiturn]
      python benchmarks/grpo.py --only memory|overlap|all --steps 5
 Last line: JSON with heldout_reward_before, heldout_reward_after, trl_heldout_reward_before,
-trl_heldout_reward_after, steps, sec_per_step, trl_sec_per_step, sec_per_step_ratio_to_trl, peak_rss_mb, multiturn_reward_before,
-multiturn_reward_after, ddp2_sec_per_step, the reward curves and load_average (the machine's load when it ran).
+trl_heldout_reward_after, steps, sec_per_step, trl_sec_per_step, sec_per_step_ratio_to_trl,
+peak_rss_mb, multiturn_heldout_before, multiturn_heldout_after (strict success; they replace the
+partial-credit multiturn_reward_before/after of earlier versions), multiturn_heldout_curve
+([step, success] pairs, -1 before training), multiturn_sec_per_step, ddp2_sec_per_step, the
+reward curves and load_average (the machine's load when it ran).
 """
 
 from __future__ import annotations
@@ -580,12 +590,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m", help="smollm2-135m (packaged), tiny (smoke test) or a path")
     parser.add_argument("--steps", type=int, default=25)
-    parser.add_argument("--multiturn-steps", type=int, default=8)
+    parser.add_argument("--multiturn-steps", type=int, default=4)
     parser.add_argument("--multiturn-group", type=int, default=8)
     parser.add_argument("--multiturn-lr", type=float, default=2e-5)
-    parser.add_argument("--multiturn-turns", type=int, default=4, help="model turns per calculator episode")
-    parser.add_argument("--multiturn-max-tokens", type=int, default=48, help="per model turn")
-    parser.add_argument("--multiturn-heldout-every", type=int, default=4, help="steps between held-out evaluations")
+    parser.add_argument("--multiturn-turns", type=int, default=3, help="model turns per calculator episode")
+    parser.add_argument("--multiturn-max-tokens", type=int, default=40, help="per model turn")
+    parser.add_argument("--multiturn-heldout-every", type=int, default=2, help="steps between held-out evaluations")
+    parser.add_argument("--multiturn-output", help="keep the multi-turn run (log.jsonl, checkpoint) in this directory")
     parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--multiturn-prompts-per-step", type=int, default=1)
     parser.add_argument("--group", type=int, default=8)
@@ -604,7 +615,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--threads", type=int, default=1, help="torch threads (1: on a loaded machine more threads are slower)"
     )
     parser.add_argument(
-        "--multiturn-temperature", type=float, default=0.7, help="(at 1.0 most sampled tool calls are not valid JSON)"
+        "--multiturn-temperature",
+        type=float,
+        default=0.7,
+        help="(at 1.0 the samples' tool calls were mostly malformed: training reward 0.00-0.03)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-trl", action="store_true")
@@ -613,7 +627,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-multiturn", action="store_true")
     parser.add_argument("--skip-single", action="store_true", help="skip the single-turn runs (ours and trl)")
     parser.add_argument(
-        "--only-multiturn", action="store_true", help="only the multi-turn run (as --skip-single --skip-trl)"
+        "--only-multiturn",
+        action="store_true",
+        help="only the multi-turn run (as --skip-single --skip-trl --skip-ddp2)",
     )
     parser.add_argument(
         "--only",
@@ -625,7 +641,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--child", choices=tuple(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.only_multiturn:
-        args.skip_single = args.skip_trl = True
+        args.skip_single = args.skip_trl = args.skip_ddp2 = True
         args.skip_multiturn = False
     return args
 
@@ -673,7 +689,8 @@ def main() -> None:
             result["trl_sec_per_step"] = None
         model.load_state_dict(start)
         if not args.skip_multiturn:
-            result.update(trio.run(run_multiturn, model, tokenizer, args, Path(tmp) / "multiturn"))
+            out = Path(args.multiturn_output) if args.multiturn_output else Path(tmp) / "multiturn"
+            result.update(trio.run(run_multiturn, model, tokenizer, args, out))
     result.update(ddp2)
     result["load_s"] = round(load_s, 1)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]

@@ -38,6 +38,28 @@ def digits(sample: Any) -> Score:
     return Score((Metric("digits", sum(c.isdigit() for c in reply) / max(len(reply), 1), weight=1.0),))
 
 
+def tied_model() -> tuple[Any, Any]:
+    """The tiny model with its output layer tied to its input embeddings (as SmolLM2's)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rollouts.training.tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).float().eval(), tokenizer
+
+
 def config(out: Path, steps: int, parallel: str, lora_r: int = 0) -> GRPOConfig:
     return GRPOConfig(
         output_dir=out,
@@ -60,9 +82,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--parallel", default="ddp")
     parser.add_argument("--lora-r", type=int, default=0)
+    parser.add_argument("--tied", action="store_true", help="tie the output layer to the embeddings")
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-step", type=int, default=0)
-    parser.add_argument("--how", default="raise", choices=("raise", "kill"))
+    parser.add_argument("--how", default="raise", choices=("raise", "kill", "kill-in-training"))
     args = parser.parse_args()
 
     held: dict[str, Any] = {}
@@ -74,16 +97,28 @@ def main() -> None:
             local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
             record = {"world_size": world.size, "param_type": type(params[0]).__name__, "local_numel": local}
             (args.out / f"rank{world.rank}.json").write_text(json.dumps(record))
+        held["steps_done"] = result.step + 1
+        if args.how == "kill-in-training":
+            return
         if world.rank == args.fail_rank and result.step == args.fail_step:
             if args.how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected failure after step {result.step}")
 
     async def run() -> None:
-        model, tokenizer = tiny_chat_model(seed=0)
+        model, tokenizer = tied_model() if args.tied else tiny_chat_model(seed=0)
         cfg = config(args.out, args.steps, args.parallel, args.lora_r)
         backend, policy = local_policy(model, tokenizer, cfg, name="tiny-dist")
         held["backend"] = backend
+        if args.how == "kill-in-training" and current_world().rank == args.fail_rank:
+            forward = backend._minibatch_terms
+
+            def dying(*a: Any, **k: Any) -> Any:  # in the middle of step fail-step's training
+                if held.get("steps_done", 0) == args.fail_step:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return forward(*a, **k)
+
+            backend._minibatch_terms = dying  # type: ignore[method-assign]
         await grpo_train(cfg, PROMPTS, digits, backend=backend, inference=policy, on_step=on_step)
         if current_world().is_main:
             torch.save(backend.model.state_dict(), args.out / "weights.pt")

@@ -14,7 +14,9 @@ holds it).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -129,3 +131,30 @@ async def test_cgroup_v2_without_a_pids_controller_gives_no_group(
     monkeypatch.setattr(limits, "_OWN_CGROUP", str(tmp_path / "cgroup"))
     assert limits.pids_cgroup_parent() is None and not limits.pids_cgroup_supported()
     assert sorted(p.name for p in root.iterdir()) == ["cgroup.controllers", "cgroup.procs", "cgroup.subtree_control"]
+
+
+async def test_leftover_pids_groups_of_gone_processes_are_removed(tmp_path: Path, fresh_choice: None) -> None:
+    """A group whose last processes were reaped only after its removal's retries (a loaded
+    machine) or whose process was killed stayed behind; `sweep_dead_groups`, run by a process's
+    first sandboxed command, removes the empty groups of processes that are gone, and no other."""
+    parent = limits.pids_cgroup_parent()
+    assert parent is not None  # (as root here: see the first test)
+    dead_pid = _a_dead_pid()
+    mine, other = f"{os.getpid()}-999999", "1-999999"  # this process's own, and a live process's
+    leftover = f"{dead_pid}-0"
+    for name in (mine, other, leftover):
+        os.makedirs(os.path.join(parent, name), exist_ok=True)
+    try:
+        assert limits.sweep_dead_groups(parent, min_age_s=0) >= 1
+        names = set(os.listdir(parent))
+        assert leftover not in names and {mine, other} <= names
+    finally:
+        for name in (mine, other, leftover):
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(os.path.join(parent, name))
+
+
+def _a_dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

@@ -72,6 +72,16 @@ def test_text_tool_calls_several_in_one_fence_leave_no_fence_behind(limit: int |
         assert rest.strip() == ""
 
 
+@pytest.mark.parametrize("limit", [1, None])
+def test_text_tool_call_in_inline_code_leaves_no_backtick_behind(limit: int | None) -> None:
+    """The 1.5B model (sampled) writes a numbered plan with each call in backticks; the prose
+    before the call stays, the backtick that opened the call's inline code goes with it."""
+    text = '1. Start with 0.\n2. Add 7: `{"name": "add", "arguments": {"value": 7}}`\n3. Done: `14`'
+    calls, rest = extract_text_tool_calls(text, NAMES, limit=limit)
+    assert [(c.name, c.arguments) for c in calls] == [("add", {"value": 7})]
+    assert rest == ("1. Start with 0.\n2. Add 7: " if limit == 1 else "1. Start with 0.\n2. Add 7: \n3. Done: `14`")
+
+
 @pytest.mark.parametrize(
     "text",
     [

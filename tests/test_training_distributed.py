@@ -172,6 +172,19 @@ def test_lora_adapters_train_in_two_fsdp2_processes_as_in_one(tmp_path: Path) ->
     _assert_same_weights(one, fsdp)
 
 
+def test_tied_embeddings_train_in_two_fsdp2_processes_as_in_one(tmp_path: Path) -> None:
+    # SmolLM2's output layer is its embedding matrix: one parameter under two names
+    one, fsdp = tmp_path / "one", tmp_path / "fsdp"
+    one.mkdir()
+    fsdp.mkdir()
+    _one_process(one, "--steps", "3", "--tied")
+    _two_processes(fsdp, "--steps", "3", "--tied", "--parallel", "fsdp")
+    assert [e["reward_mean"] for e in _log(fsdp)] == [e["reward_mean"] for e in _log(one)]
+    _assert_same_weights(one, fsdp)
+    weights = _weights(fsdp)
+    assert torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
+
+
 def test_a_checkpoint_of_two_fsdp2_processes_resumes_in_one_as_if_never_stopped(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -243,6 +256,19 @@ def test_a_rank_that_is_killed_ends_the_run_on_the_others_naming_it(tmp_path: Pa
     assert codes[0] != 0, outputs[0][-3000:]
     error = _last_error(outputs[0])
     assert "rank 1 (process " in error and "exited without reporting an error" in error
+    assert seconds < TIMEOUT_S
+
+
+def test_a_rank_killed_in_the_middle_of_a_training_step_ends_the_run_on_the_others_naming_it(
+    tmp_path: Path,
+) -> None:
+    # the others are then inside DDP's gradient all-reduce (a backward pass), not one of ours
+    args = ("--steps", "3", "--fail-rank", "1", "--fail-step", "1", "--how", "kill-in-training")
+    codes, outputs, seconds = _ranks_by_hand(tmp_path, *args)
+    assert codes[1] == -signal.SIGKILL
+    assert codes[0] != 0, outputs[0][-3000:]
+    error = _last_error(outputs[0])
+    assert "the step's gradient exchange" in error and "rank 1 (process " in error, error
     assert seconds < TIMEOUT_S
 
 

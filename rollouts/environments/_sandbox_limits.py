@@ -124,25 +124,73 @@ def pids_cgroup_supported() -> bool:
 @asynccontextmanager
 async def pids_cgroup(max_processes: int) -> AsyncIterator[str | None]:
     """A new cgroup allowing `max_processes` processes (its directory), removed afterwards;
-    None where no writable hierarchy exists."""
+    None where no writable hierarchy exists. The first use in a process also removes the
+    empty groups of processes that are gone (left when their last processes were reaped only
+    after the removal's retries, or by a killed process)."""
     parent = await trio.to_thread.run_sync(pids_cgroup_parent)
     if parent is None:
         yield None
         return
+    if not _swept:
+        _swept.append(parent)
+        await trio.to_thread.run_sync(sweep_dead_groups, parent)
     path = os.path.join(parent, f"{os.getpid()}-{next(_counter)}")
     await trio.to_thread.run_sync(_make_group, path, max_processes)
     try:
         yield path
     finally:
         with trio.CancelScope(shield=True):
-            for _ in range(100):  # the last processes leave the group as the kernel reaps them
+            delay = 0.01
+            for _ in range(_RMDIR_TRIES):  # the last processes leave the group as the kernel reaps them
                 try:
                     os.rmdir(path)
                     break
                 except FileNotFoundError:
                     break
                 except OSError:
-                    await trio.sleep(0.01)
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 0.5)
+
+
+_RMDIR_TRIES = 20  # ~5 s in all: reaping can lag on a loaded machine
+_swept: list[str] = []
+_MAX_SWEEP = 10_000
+
+
+def sweep_dead_groups(parent: str, min_age_s: float = 60.0) -> int:
+    """Remove the groups `<pid>-<n>` under `parent` whose process is gone, which are empty (a
+    group still holding processes cannot be removed and is left) and were made over
+    `min_age_s` ago (a process of another PID namespace sharing the hierarchy looks gone: its
+    group is never taken while it is being set up); how many were removed."""
+    removed = 0
+    now = time.time()
+    try:
+        names = os.listdir(parent)[:_MAX_SWEEP]
+    except OSError:
+        return 0
+    for name in names:
+        pid, _, n = name.partition("-")
+        if not (pid.isdigit() and n.isdigit()) or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        path = os.path.join(parent, name)
+        try:
+            if now - os.stat(path).st_mtime < min_age_s:
+                continue
+            os.rmdir(path)
+            removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _make_group(path: str, max_processes: int) -> None:

@@ -3,8 +3,8 @@
 Accepted shapes, anywhere in the text: a bare JSON object `{"name": ..., "arguments": {...}}`
 and the variants small open models write (`_as_call`: "function"/"tool"/"tool_name" for the
 name, "parameters"/"args"/"input" for the arguments, OpenAI's nested `{"function": {...}}`;
-arguments may be a JSON-encoded string), alone, in a list, inside a ```json fence or inside
-`<tool_call>...</tool_call>` tags. An object becomes a call ONLY when it parses and its name is
+arguments may be a JSON-encoded string), alone, in a list, inside a ```json fence, in inline
+code (backticks) or inside `<tool_call>...</tool_call>` tags. An object becomes a call ONLY when it parses and its name is
 one of the declared tools; everything else is left as text untouched. Wrappers (fences, tags,
 the list's brackets) around an extracted call are removed with it, and so is what remains when
 it is nothing but punctuation (a stray `{`, `]` or fence): no fragment of a call stays as text.
@@ -18,9 +18,10 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-# A wrapper directly around a JSON object: ```json ... ``` or <tool_call> ... </tool_call>.
-_OPEN_WRAPPER = re.compile(r"(?:```(?:json|tool_call|tool)?|<tool_call>)\s*$")
-_CLOSE_WRAPPER = re.compile(r"\s*(?:```|</tool_call>)")
+# A wrapper directly around a JSON object: ```json ... ```, inline code `...` (the 1.5B model
+# writes a numbered plan with each call in backticks) or <tool_call> ... </tool_call>.
+_OPEN_WRAPPER = re.compile(r"(?:```(?:json|tool_call|tool)?|`|<tool_call>)\s*$")
+_CLOSE_WRAPPER = re.compile(r"\s*(?:```|`|</tool_call>)")
 _DECODER = json.JSONDecoder()
 _MAX_SCAN = 64  # bound on the number of candidate objects examined in one text
 _MAX_MISSING_BRACES = 3

@@ -217,15 +217,20 @@ def _failed_ranks(world: World) -> list[str]:
 
 
 @contextmanager
-def collective(world: World, what: str) -> Iterator[None]:
+def collective(world: World, what: str, *, only_if_a_peer_failed: bool = False) -> Iterator[None]:
     """Run a collective; a failure (a rank that died, raised or timed out) is a DistributedError
-    naming the rank(s) that reported an error, else saying none did (killed, out of memory)."""
+    naming the rank(s) that reported an error, else saying none did (killed, out of memory).
+    `only_if_a_peer_failed`: for work that is not only communication (a training step, whose
+    RuntimeError may be this rank's own, out of memory say), the error is left as it is unless
+    another rank is known to have failed."""
     try:
         yield
     except RuntimeError as e:
         if not world.distributed:
             raise
         reported = _failed_ranks(world)
+        if only_if_a_peer_failed and not reported:
+            raise
         cause = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         if reported:
             who = "; ".join(reported)

@@ -295,7 +295,8 @@ class TorchBackend:
         weights = self._loss_weights(usable, n_usable, total_tokens)
         parts = self._minibatches(computed, world)
         loss_sum = clipped = kl = entropy = 0.0
-        with self.weights_lock, lora.checkpointing_active(prepared.trained):
+        exchange = distributed.collective(world, "the step's gradient exchange", only_if_a_peer_failed=True)
+        with self.weights_lock, lora.checkpointing_active(prepared.trained), exchange:
             self.optimizer.zero_grad(set_to_none=True)
             for i, part in enumerate(parts):
                 with distributed.gradient_sync(prepared, enabled=i == len(parts) - 1):
