@@ -23,6 +23,7 @@ from typing import Any
 
 import trio
 
+from rollouts._exception_groups import single_error
 from rollouts._sync import run_sync
 from rollouts.dtypes import Endpoint
 from rollouts.errors import ConfigurationError
@@ -65,21 +66,6 @@ def _task_fingerprint(adapter: GEPAAdapter) -> dict[str, Any]:
     if not isinstance(adapter, RolloutsAdapter):
         return {}
     return {f"task.{k}": v for k, v in adapter.config.fingerprint.to_dict().items()}
-
-
-def _unwrap(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one real error inside nested exception groups (cancellations aside), else the group."""
-    leaves: list[BaseException] = []
-
-    def walk(e: BaseException) -> None:
-        if isinstance(e, BaseExceptionGroup):
-            for x in e.exceptions:
-                walk(x)
-        elif not isinstance(e, trio.Cancelled):
-            leaves.append(e)
-
-    walk(group)
-    return leaves[0] if len(leaves) == 1 else group
 
 
 _SHORTCUTS = ("score_threshold", "no_improvement_iterations", "max_iterations", "stop_file")
@@ -189,7 +175,7 @@ async def optimize(
             async with client_scope():
                 result = await engine.run(cancel_scope)
         except BaseExceptionGroup as group:
-            single = _unwrap(group)
+            single = single_error(group)
             if single is group:
                 raise
             raise single from None

@@ -35,6 +35,8 @@ from typing import Generic, TypeVar
 
 import trio
 
+from rollouts._exception_groups import single_error
+
 T = TypeVar("T")
 
 
@@ -99,21 +101,6 @@ class RolloutScheduler(Generic[T]):
             generation.done.set()
 
 
-def _single_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one error inside (nested) groups, cancellations aside; else the group itself."""
-    leaves: list[BaseException] = []
-
-    def walk(e: BaseException) -> None:
-        if isinstance(e, BaseExceptionGroup):
-            for x in e.exceptions:
-                walk(x)
-        elif not isinstance(e, trio.Cancelled):
-            leaves.append(e)
-
-    walk(group)
-    return leaves[0] if len(leaves) == 1 else group
-
-
 @asynccontextmanager
 async def open_rollout_scheduler(generate: Callable[[int], Awaitable[T]]) -> AsyncIterator[RolloutScheduler[T]]:
     """A RolloutScheduler whose background generation is cancelled when the block exits; an
@@ -122,7 +109,7 @@ async def open_rollout_scheduler(generate: Callable[[int], Awaitable[T]]) -> Asy
         async with trio.open_nursery() as nursery:
             yield RolloutScheduler(nursery, generate)
     except BaseExceptionGroup as group:
-        single = _single_error(group)
+        single = single_error(group)
         if single is group:
             raise
         raise single from None
