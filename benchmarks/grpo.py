@@ -268,6 +268,26 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def single_turn_config(args: argparse.Namespace, out: Path, **changes: Any) -> GRPOConfig:
+    """The single-turn task's training settings from the command line (every variant starts here):
+    strict alternation (`max_policy_lag=0`, as trl's loop) unless a variant says otherwise."""
+    settings: dict[str, Any] = {
+        "output_dir": out,
+        "num_steps": args.steps,
+        "batch_size": args.prompts_per_step,
+        "n_samples_per_prompt": args.group,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "lr": args.lr,
+        "lr_schedule": args.lr_schedule,
+        "checkpoint_every": 10_000,
+        "seed": args.seed,
+        "prepare_messages": question_messages,
+        "max_policy_lag": 0,
+    }
+    return GRPOConfig(**{**settings, **changes})
+
+
 async def run_ours(
     model: Any,
     tokenizer: Any,
@@ -276,20 +296,7 @@ async def run_ours(
     heldout: list[dict[str, Any]],
     out: Path,
 ) -> dict[str, Any]:
-    config = GRPOConfig(
-        output_dir=out,
-        num_steps=args.steps,
-        batch_size=args.prompts_per_step,
-        n_samples_per_prompt=args.group,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        lr=args.lr,
-        lr_schedule=args.lr_schedule,
-        checkpoint_every=10_000,
-        seed=args.seed,
-        prepare_messages=question_messages,
-        max_policy_lag=0,  # strict alternation, as trl's loop (the overlap has its own figure: --only overlap)
-    )
+    config = single_turn_config(args, out)
     backend, policy = local_policy(model, tokenizer, config, name="bench-policy")
     before = await heldout_reward("bench-policy", heldout, exact_sum, question_messages, max_tokens=args.max_tokens)
     print(f"ours: held-out reward before {before:.3f}", file=sys.stderr)
@@ -499,18 +506,10 @@ async def run_variant(model: Any, tokenizer: Any, args: argparse.Namespace, name
     """`--steps` steps of the single-turn task with variant `name`'s LoRA rank and policy lag."""
     rank, lag, checkpointing = VARIANTS[name]
     rows, _ = arithmetic_split(args.max_operand, args.heldout, seed=args.seed, example=EXAMPLE_PAIR)
-    config = GRPOConfig(
-        output_dir=out,
-        num_steps=args.steps,
-        batch_size=args.prompts_per_step,
-        n_samples_per_prompt=args.group,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
+    config = single_turn_config(
+        args,
+        out,
         lr=args.lora_lr if rank else args.lr,
-        lr_schedule=args.lr_schedule,
-        checkpoint_every=10_000,
-        seed=args.seed,
-        prepare_messages=question_messages,
         lora_r=rank,
         lora_alpha=2.0 * rank if rank else 16.0,
         gradient_checkpointing=checkpointing,

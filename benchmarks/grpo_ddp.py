@@ -34,7 +34,7 @@ def _worker(argv: list[str]) -> None:
     import torch
     import trio
 
-    from rollouts.training import GRPOConfig, grpo_train, load_causal_lm, local_policy
+    from rollouts.training import grpo_train, load_causal_lm, local_policy
     from rollouts.training.distributed import current_world
     from rollouts.training.tiny import tiny_chat_model
 
@@ -47,20 +47,7 @@ def _worker(argv: list[str]) -> None:
 
     async def run() -> dict[str, Any] | None:
         with tempfile.TemporaryDirectory() as tmp:
-            config = GRPOConfig(
-                output_dir=Path(tmp),
-                num_steps=args.steps,
-                batch_size=args.prompts_per_step,
-                n_samples_per_prompt=args.group,
-                max_tokens=args.max_tokens,
-                temperature=args.temperature,
-                lr=args.lr,
-                lr_schedule=args.lr_schedule,
-                checkpoint_every=10_000,
-                seed=args.seed,
-                prepare_messages=bench.question_messages,
-                parallel="ddp",
-            )
+            config = bench.single_turn_config(args, Path(tmp), parallel="ddp")
             backend, policy = local_policy(model, tokenizer, config, name="bench-ddp2")
 
             def show(r: Any) -> None:
