@@ -4,7 +4,6 @@ multi-turn benchmark's held-out episodes, disjoint from its training episodes.""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,8 @@ except ImportError:  # never skipped: say what to install
     pytest.fail(
         "the training tests need torch and transformers: pip install torch==2.13.0 -e '.[train]'", pytrace=False
     )
+
+from test_training_defects import _benchmark_module  # (benchmarks/grpo.py loaded as a module)
 
 from rollouts.errors import ConfigurationError
 from rollouts.eval.sample import Metric, Sample, Score
@@ -112,15 +113,6 @@ def test_heldout_settings_are_checked() -> None:
         HeldOut([], sevens)
     with pytest.raises(ConfigurationError, match="row 1 is a str"):
         HeldOut([{"prompt": "x"}, "y"], sevens)  # type: ignore[list-item]
-
-
-def _benchmark_module() -> Any:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "grpo.py"
-    spec = importlib.util.spec_from_file_location("grpo_benchmark_heldout", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_multiturn_benchmarks_heldout_episodes_are_disjoint_from_training() -> None:
