@@ -250,3 +250,62 @@ async def test_loss_mask_covers_exactly_the_models_tokens_across_tool_turns() ->
     recomputed = sequence_logprobs(model, training.tokens)
     diffs = [abs(a - b) for a, b, m in zip(training.rollout_logprobs, recomputed, training.loss_mask, strict=True) if m]
     assert max(diffs) < 1e-5
+
+
+def test_shared_prefix_length_leaves_every_prompt_a_token_of_its_own() -> None:
+    from rollouts.providers.transformers_local import shared_prefix_length
+
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 5]]) == 2
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2  # identical: the last token stays each row's own
+    assert shared_prefix_length([[1, 2], [1, 2, 3, 4]]) == 1  # one is the other's beginning
+    assert shared_prefix_length([[7, 1], [8, 1]]) == 0
+
+
+async def test_a_batch_sharing_a_long_prompt_prefix_samples_what_each_prompt_would_alone(
+    tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GRPO group's samples (and an evaluation's rows under one system prompt) share most of
+    their prompt: the engine runs that part once. Each sample must still get the tokens it would
+    get alone and log-probs equal to the trainer's recomputation."""
+    from rollouts.providers import transformers_local
+
+    shared_calls: list[int] = []
+    original = transformers_local.GenerationEngine._prefill_shared
+
+    def spy(self: Any, requests: Any, shared: int) -> Any:
+        shared_calls.append(shared)
+        return original(self, requests, shared)
+
+    monkeypatch.setattr(transformers_local.GenerationEngine, "_prefill_shared", spy)
+    model, _ = tiny
+    system = "you are a careful assistant who answers in few words. " * 2
+
+    async def run(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        config = EvalConfig(
+            endpoint=Endpoint("transformers", "tiny-tito", max_tokens=12, temperature=1.0),
+            run_config=RunConfig(use_tito=True),
+            prepare_messages=lambda row: [Message("system", system), Message("user", row["prompt"])],
+            max_turns=1,
+            max_concurrent=len(rows),
+            show_progress=False,
+            on_sample_start=lambda sid, row: set_sampling_seed(row["seed"]),
+        )
+        report = await evaluate(rows, config)
+        return {s.id: s for s in report.samples}
+
+    rows = [{"id": f"r{i}", "prompt": "q" * (i + 1), "seed": i} for i in range(5)]
+    together = await run(rows)
+    assert shared_calls and min(shared_calls) > 100  # the system prompt ran once for the batch
+    shared_calls.clear()
+    for row in rows:
+        alone = (await run([row]))[row["id"]]
+        sample = together[row["id"]]
+        assert sample.trajectory is not None and alone.trajectory is not None
+        ours, theirs = sample.trajectory.completions[0].tokens, alone.trajectory.completions[0].tokens
+        assert ours is not None and theirs is not None
+        assert ours.prompt_ids == theirs.prompt_ids and ours.completion_ids == theirs.completion_ids
+        tokens, mask, logprobs = token_view(sample.trajectory)
+        recomputed = sequence_logprobs(model, tokens, temperature=1.0)
+        diffs = [abs(a - b) for a, b, m in zip(logprobs, recomputed, mask, strict=True) if m]
+        assert diffs and max(diffs) < 1e-5
+    assert not shared_calls  # one prompt alone has nothing to share

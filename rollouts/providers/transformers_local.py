@@ -12,7 +12,8 @@ for free.
 
 Generation runs off the event loop: one engine per model and trio run (a system task) takes
 every request waiting when the program has nothing else to do, sorts them, and decodes them as
-one left-padded batch with a KV cache, one worker-thread call per token; each token is streamed
+one left-padded batch with a KV cache (the prompts' common beginning — a GRPO group's shared
+prompt, an evaluation's system prompt — run once and its cache copied to every row), one worker-thread call per token; each token is streamed
 back to its request as it is sampled, through the OpenAI chat stream translator, so the events,
 the Message and tool calls written as text (`{"name": ..., "arguments": ...}`) are exactly those
 of an OpenAI-compatible server. Each request samples with its own torch generator, seeded from
@@ -107,6 +108,21 @@ class _Batch:
 
 
 _END = object()
+
+
+MIN_SHARED_PREFIX = 16
+"""Prompts of one batch sharing at least this many first tokens run them once (`_prefill_shared`)."""
+
+
+def shared_prefix_length(prompts: list[list[int]]) -> int:
+    """How many first tokens all `prompts` share, leaving each at least one token of its own (the
+    last token's logits are what the first sample is drawn from)."""
+    limit = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return max(n, 0)
 
 
 class GenerationEngine:
@@ -209,39 +225,81 @@ class GenerationEngine:
 
     def _prefill(self, requests: list[_Request]) -> _Batch:
         torch = self._torch
-        width = max(len(r.prompt_ids) for r in requests)
-        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
         generators = []
-        for i, r in enumerate(requests):
-            n = len(r.prompt_ids)
-            ids[i, width - n :] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            mask[i, width - n :] = 1
+        for r in requests:
             g = torch.Generator(device="cpu")
             if r.seed is not None:
                 g.manual_seed(r.seed)
             else:
                 g.seed()
             generators.append(g)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        shared = shared_prefix_length([r.prompt_ids for r in requests])
         with self.weights_lock, torch.inference_mode():
-            out = self.model(
-                input_ids=ids.to(self._device),
-                attention_mask=mask.to(self._device),
-                position_ids=positions.to(self._device),
-                use_cache=True,
-                logits_to_keep=1,  # the output layer only where a token is sampled
-            )
+            if len(requests) > 1 and shared >= MIN_SHARED_PREFIX:
+                logits, mask, positions, cache = self._prefill_shared(requests, shared)
+            else:
+                logits, mask, positions, cache = self._prefill_padded(requests)
         return _Batch(
             requests=requests,
             generators=generators,
-            cache=out.past_key_values,
-            logits=out.logits[:, -1, :].float().cpu(),
+            cache=cache,
+            logits=logits,
             attention=mask,
-            positions=positions[:, -1],
+            positions=positions,
             produced=[0] * len(requests),
             done=[False] * len(requests),
         )
+
+    def _prefill_padded(self, requests: list[_Request]) -> tuple[Any, Any, Any, Any]:
+        """Every prompt whole, left-padded to the longest: (next-token logits, attention mask,
+        last positions, KV cache)."""
+        torch = self._torch
+        width = max(len(r.prompt_ids) for r in requests)
+        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for i, r in enumerate(requests):
+            n = len(r.prompt_ids)
+            ids[i, width - n :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+            mask[i, width - n :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=ids.to(self._device),
+            attention_mask=mask.to(self._device),
+            position_ids=positions.to(self._device),
+            use_cache=True,
+            logits_to_keep=1,  # the output layer only where a token is sampled
+        )
+        return out.logits[:, -1, :].float().cpu(), mask, positions[:, -1], out.past_key_values
+
+    def _prefill_shared(self, requests: list[_Request], shared: int) -> tuple[Any, Any, Any, Any]:
+        """The prompts' common first `shared` tokens run once (a GRPO group's samples, an
+        evaluation's system prompt and examples), their KV cache copied to every row, then each
+        prompt's own rest, padded on its left — between the shared part and the rest. The
+        attention mask hides the padding and the positions skip it, so each row computes what
+        it would alone (to float rounding)."""
+        torch = self._torch
+        head = torch.tensor([requests[0].prompt_ids[:shared]], dtype=torch.long, device=self._device)
+        cache = self.model(input_ids=head, use_cache=True, logits_to_keep=1).past_key_values
+        cache.batch_repeat_interleave(len(requests))
+        width = max(len(r.prompt_ids) for r in requests) - shared
+        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
+        mask = torch.ones((len(requests), shared + width), dtype=torch.long)
+        positions = torch.full((len(requests), width), shared, dtype=torch.long)
+        for i, r in enumerate(requests):
+            rest = r.prompt_ids[shared:]
+            n = len(rest)
+            ids[i, width - n :] = torch.tensor(rest, dtype=torch.long)
+            mask[i, shared : shared + width - n] = 0
+            positions[i, width - n :] = torch.arange(shared, shared + n)
+        out = self.model(
+            input_ids=ids.to(self._device),
+            attention_mask=mask.to(self._device),
+            position_ids=positions.to(self._device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :].float().cpu(), mask, positions[:, -1], out.past_key_values
 
     def _step(self, batch: _Batch) -> tuple[list[tuple[int, Any]], bool]:
         """Sample one token per live row, then run the model on them. Returns the items to
