@@ -293,7 +293,7 @@ async def test_a_batch_sharing_a_long_prompt_prefix_samples_what_each_prompt_wou
         report = await evaluate(rows, config)
         return {s.id: s for s in report.samples}
 
-    rows = [{"id": f"r{i}", "prompt": "q" * (i + 1), "seed": i} for i in range(5)]
+    rows: list[dict[str, Any]] = [{"id": f"r{i}", "prompt": "q" * (i + 1), "seed": i} for i in range(5)]
     together = await run(rows)
     assert shared_calls and min(shared_calls) > 100  # the system prompt ran once for the batch
     shared_calls.clear()

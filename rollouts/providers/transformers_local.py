@@ -12,9 +12,9 @@ for free.
 
 Generation runs off the event loop: one engine per model and trio run (a system task) takes
 every request waiting when the program has nothing else to do, sorts them, and decodes them as
-one left-padded batch with a KV cache (the prompts' common beginning — a GRPO group's shared
-prompt, an evaluation's system prompt — run once and its cache copied to every row), one worker-thread call per token; each token is streamed
-back to its request as it is sampled, through the OpenAI chat stream translator, so the events,
+one left-padded batch with a KV cache, one worker-thread call per token (the prompts' common
+beginning — a GRPO group's shared prompt, an evaluation's system prompt and examples — runs
+once, its cache copied to every row); each token is streamed back to its request as it is sampled, through the OpenAI chat stream translator, so the events,
 the Message and tool calls written as text (`{"name": ..., "arguments": ...}`) are exactly those
 of an OpenAI-compatible server. Each request samples with its own torch generator, seeded from
 `tito.call_seed`, so its tokens do not depend on what it was batched with. `temperature=0` is
