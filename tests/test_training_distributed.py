@@ -205,6 +205,52 @@ def test_a_one_process_checkpoint_resumes_in_two_fsdp2_processes(runs: dict[str,
     _assert_same_weights(runs["one"], tmp_path)
 
 
+OVERLAPPED = ("--steps", "3", "--max-policy-lag", "1", "--checkpoint-every", "100")
+"""Overlapped rollouts: no checkpoint before the last step (a checkpoint is a drain point), so
+step 1's rollouts are generated while step 0 trains and step 2's while step 1 trains."""
+
+
+@pytest.fixture(scope="module")
+def overlapped_one(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("overlapped-one")
+    _one_process(out, *OVERLAPPED)
+    return out
+
+
+def _assert_overlapped_like_one_process(one: Path, two: Path, strict: Path) -> None:
+    """`two` (2 processes, lag 1) logged every step, generated steps 1 and 2 one policy version
+    behind, sampled what 1 process did, and ended with its weights; which differ from the
+    strictly alternating run's `strict` (so the overlap did change what was trained)."""
+    log = _log(two)
+    assert [e["step"] for e in log] == [0, 1, 2]
+    assert [e["policy_lag"] for e in log] == [e["policy_lag"] for e in _log(one)] == [0, 1, 1]
+    assert [e["policy_version"] for e in log] == [0, 0, 1]
+    assert [e["reward_mean"] for e in log] == [e["reward_mean"] for e in _log(one)]
+    assert [e["samples"] for e in log] == [8, 8, 8] and all(e["grad_norm"] > 0 for e in log)
+    for a, b in zip(_log(one), log, strict=True):
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    _assert_same_weights(one, two)
+    ws, wo = _weights(strict), _weights(one)
+    assert max(float((ws[k] - wo[k]).abs().max()) for k in ws) > 1e-4
+
+
+def test_two_process_ddp_with_overlapped_rollouts_gives_the_weights_of_one_process(
+    runs: dict[str, Path], overlapped_one: Path, tmp_path: Path
+) -> None:
+    _two_processes(tmp_path, *OVERLAPPED, "--parallel", "ddp")
+    _assert_overlapped_like_one_process(overlapped_one, tmp_path, runs["one"])
+
+
+def test_fsdp2_with_overlapped_rollouts_gives_the_weights_of_one_process(
+    runs: dict[str, Path], overlapped_one: Path, tmp_path: Path
+) -> None:
+    # generation runs the full replica's snapshot while the sharded copy trains: the snapshot
+    # must hold the weights gathered after the previous step, never a half-updated replica
+    _two_processes(tmp_path, *OVERLAPPED, "--parallel", "fsdp")
+    _assert_overlapped_like_one_process(overlapped_one, tmp_path, runs["one"])
+    assert json.loads((tmp_path / "rank1.json").read_text())["param_type"] == "DTensor"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
