@@ -22,7 +22,8 @@ except ImportError:  # never skipped: say what to install
         "the training tests need torch and transformers: pip install torch==2.13.0 -e '.[train]'", pytrace=False
     )
 
-from test_training_grpo import PROMPTS, _config, sevens
+from _training_helpers import PROMPTS, sevens
+from test_training_grpo import _config
 
 from rollouts.training import grpo_train, local_policy
 from rollouts.training.tiny import tiny_chat_model
