@@ -28,7 +28,7 @@ torch.set_num_threads(1)
 import trio  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_training_grpo import PROMPTS  # noqa: E402
+from _training_helpers import PROMPTS  # noqa: E402
 
 from rollouts.eval.sample import Metric, Score  # noqa: E402
 from rollouts.training import GRPOConfig, grpo_train, local_policy  # noqa: E402

@@ -249,6 +249,8 @@ async def test_train_grpo_heldout_errors_name_the_file_and_line(tmp_path: Path) 
             "prompts.jsonl:2); heldout_reward would measure prompts the model trains on",
         ),
         (["--heldout", "leak.jsonl", "--nproc-per-node", "2", "--batch-size", "2"], "--allow-heldout-overlap"),
+        # (through --system-prompt's async prepare: both files get the same system message)
+        (["--heldout", "leak.jsonl", "--system-prompt", "Be brief."], "(the first: leak.jsonl:2 and prompts.jsonl:2)"),
         (["--heldout", "leak.jsonl", "--heldout-every", "0"], "--heldout-every must be at least 1"),
         (["--heldout-every", "2"], "--heldout-every needs --heldout FILE"),
         (["--heldout", "leak.jsonl", "--heldout-score", "nope"], "--heldout-score: unknown scorer 'nope'"),

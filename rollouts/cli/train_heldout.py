@@ -112,10 +112,8 @@ async def _check(heldout: NumberedRows, training: NumberedRows, prepare: Callabl
         try:
             keys.setdefault(_prompt_key(await _prepared(prepare, row)), i)
         except Exception as e:
-            raise CLIError(
-                f"--heldout {heldout.where(i)}: the row cannot be turned into messages ({e}); give it a prompt, "
-                "question or messages field (or the fields --prepare reads)"
-            ) from None
+            # (the default prepare's error names the fields it reads; a --prepare's is its own)
+            raise CLIError(f"--heldout {heldout.where(i)}: the row cannot be turned into messages: {e}") from None
     overlap: list[tuple[int, int]] = []
     for j, row in enumerate(training.rows):
         try:
