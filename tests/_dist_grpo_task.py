@@ -2,6 +2,11 @@
 process) or under torchrun / with torchrun's environment (N processes); the same code either way.
 
     python tests/_dist_grpo_task.py OUT --steps 3 [--parallel fsdp] [--fail-rank R --fail-step S --how raise|kill]
+        [--checkpoint-every N] [--max-policy-lag N]
+
+By default every step writes a checkpoint, which is a drain point of the overlapped rollouts
+(`rollouts.training.overlap`): the run alternates strictly. `--checkpoint-every` above the step
+count with `--max-policy-lag 1` makes each step's rollouts be generated while the one before trains.
 
 Rank 0 writes OUT/weights.pt (the final state dict) when the run ends; every rank writes
 OUT/rankR.json after its first step: the type and number of the parameters its optimizer updates.
@@ -23,7 +28,7 @@ torch.set_num_threads(1)
 import trio  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_training_grpo import PROMPTS  # noqa: E402
+from _training_helpers import PROMPTS  # noqa: E402
 
 from rollouts.eval.sample import Metric, Score  # noqa: E402
 from rollouts.training import GRPOConfig, grpo_train, local_policy  # noqa: E402
@@ -60,7 +65,9 @@ def tied_model() -> tuple[Any, Any]:
     return LlamaForCausalLM(cfg).float().eval(), tokenizer
 
 
-def config(out: Path, steps: int, parallel: str, lora_r: int = 0) -> GRPOConfig:
+def config(
+    out: Path, steps: int, parallel: str, lora_r: int = 0, checkpoint_every: int = 1, max_policy_lag: int = 1
+) -> GRPOConfig:
     return GRPOConfig(
         output_dir=out,
         num_steps=steps,
@@ -69,7 +76,8 @@ def config(out: Path, steps: int, parallel: str, lora_r: int = 0) -> GRPOConfig:
         max_tokens=6,
         lr=1e-2,
         lr_schedule="constant",
-        checkpoint_every=1,
+        checkpoint_every=checkpoint_every,
+        max_policy_lag=max_policy_lag,
         seed=3,
         parallel=parallel,  # type: ignore[arg-type]
         lora_r=lora_r,
@@ -82,6 +90,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--parallel", default="ddp")
     parser.add_argument("--lora-r", type=int, default=0)
+    parser.add_argument("--checkpoint-every", type=int, default=1)
+    parser.add_argument("--max-policy-lag", type=int, default=1)
     parser.add_argument("--tied", action="store_true", help="tie the output layer to the embeddings")
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-step", type=int, default=0)
@@ -107,7 +117,7 @@ def main() -> None:
 
     async def run() -> None:
         model, tokenizer = tied_model() if args.tied else tiny_chat_model(seed=0)
-        cfg = config(args.out, args.steps, args.parallel, args.lora_r)
+        cfg = config(args.out, args.steps, args.parallel, args.lora_r, args.checkpoint_every, args.max_policy_lag)
         backend, policy = local_policy(model, tokenizer, cfg, name="tiny-dist")
         held["backend"] = backend
         if args.how == "kill-in-training" and current_world().rank == args.fail_rank:

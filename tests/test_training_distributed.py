@@ -205,6 +205,52 @@ def test_a_one_process_checkpoint_resumes_in_two_fsdp2_processes(runs: dict[str,
     _assert_same_weights(runs["one"], tmp_path)
 
 
+OVERLAPPED = ("--steps", "3", "--max-policy-lag", "1", "--checkpoint-every", "100")
+"""Overlapped rollouts: no checkpoint before the last step (a checkpoint is a drain point), so
+step 1's rollouts are generated while step 0 trains and step 2's while step 1 trains."""
+
+
+@pytest.fixture(scope="module")
+def overlapped_one(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("overlapped-one")
+    _one_process(out, *OVERLAPPED)
+    return out
+
+
+def _assert_overlapped_like_one_process(one: Path, two: Path, strict: Path) -> None:
+    """`two` (2 processes, lag 1) logged every step, generated steps 1 and 2 one policy version
+    behind, sampled what 1 process did, and ended with its weights; which differ from the
+    strictly alternating run's `strict` (so the overlap did change what was trained)."""
+    log = _log(two)
+    assert [e["step"] for e in log] == [0, 1, 2]
+    assert [e["policy_lag"] for e in log] == [e["policy_lag"] for e in _log(one)] == [0, 1, 1]
+    assert [e["policy_version"] for e in log] == [0, 0, 1]
+    assert [e["reward_mean"] for e in log] == [e["reward_mean"] for e in _log(one)]
+    assert [e["samples"] for e in log] == [8, 8, 8] and all(e["grad_norm"] > 0 for e in log)
+    for a, b in zip(_log(one), log, strict=True):
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    _assert_same_weights(one, two)
+    ws, wo = _weights(strict), _weights(one)
+    assert max(float((ws[k] - wo[k]).abs().max()) for k in ws) > 1e-4
+
+
+def test_two_process_ddp_with_overlapped_rollouts_gives_the_weights_of_one_process(
+    runs: dict[str, Path], overlapped_one: Path, tmp_path: Path
+) -> None:
+    _two_processes(tmp_path, *OVERLAPPED, "--parallel", "ddp")
+    _assert_overlapped_like_one_process(overlapped_one, tmp_path, runs["one"])
+
+
+def test_fsdp2_with_overlapped_rollouts_gives_the_weights_of_one_process(
+    runs: dict[str, Path], overlapped_one: Path, tmp_path: Path
+) -> None:
+    # generation runs the full replica's snapshot while the sharded copy trains: the snapshot
+    # must hold the weights gathered after the previous step, never a half-updated replica
+    _two_processes(tmp_path, *OVERLAPPED, "--parallel", "fsdp")
+    _assert_overlapped_like_one_process(overlapped_one, tmp_path, runs["one"])
+    assert json.loads((tmp_path / "rank1.json").read_text())["param_type"] == "DTensor"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -328,3 +374,44 @@ def test_cli_refuses_fewer_prompts_per_step_than_processes(tmp_path: Path, cli_t
     assert code != 0
     assert "--batch-size 1 is below --nproc-per-node 2" in output
     assert "torch.distributed.run" not in output  # refused before starting any process
+
+
+def test_cli_lora_in_two_fsdp2_processes_with_overlap_and_heldout_trains_the_adapters_of_one_process(
+    tmp_path: Path, cli_task: list[str]
+) -> None:
+    """`--nproc-per-node 2 --parallel fsdp --lora-r 4` through the CLI, with overlapped rollouts
+    (the default lag 1; no checkpoint before the last step) and a held-out file: the same log and
+    the same adapters as the one-process command, which `rollouts train merge` merges."""
+    held = "".join(json.dumps({"prompt": p}) + "\n" for p in ("seven please", "one digit"))
+    (tmp_path / "heldout.jsonl").write_text(held)
+    with (tmp_path / "task.py").open("a") as f:  # a held-out score that depends on the greedy reply
+        f.write(
+            "\n\ndef length(sample):\n    return Score((Metric('length', len(sample.response) / 100, weight=1.0),))\n"
+        )
+    args = ["--score", "task.py:digits", "--steps", "3", "--batch-size", "2", "--group", "4", "--max-tokens", "6"]
+    args += ["--lr", "0.01", "--threads", "1", "--lora-r", "4", "--heldout", "heldout.jsonl"]
+    args += ["--heldout-score", "task.py:length"]
+    code, output = _run([*cli_task, *args, "--output", "one"], cwd=tmp_path)
+    assert code == 0, output[-3000:]
+    code, output = _run(
+        [*cli_task, *args, "--output", "two", "--nproc-per-node", "2", "--parallel", "fsdp"], cwd=tmp_path
+    )
+    assert code == 0, output[-3000:]
+    assert output.count("  heldout ") == 1  # rank 0 alone evaluates and speaks, after the last step
+    one, two = _log(tmp_path / "one"), _log(tmp_path / "two")
+    assert [e["step"] for e in two] == [0, 1, 2] and [e["policy_lag"] for e in two] == [0, 1, 1]
+    assert [e["reward_mean"] for e in two] == [e["reward_mean"] for e in one]
+    assert [e["step"] for e in two if "heldout_reward" in e] == [2]
+    assert two[2]["heldout_reward"] == pytest.approx(one[2]["heldout_reward"]) and one[2]["heldout_reward"] > 0
+    from safetensors.torch import load_file
+
+    adapters = [load_file(str(tmp_path / run / "final" / "adapter_model.safetensors")) for run in ("one", "two")]
+    assert adapters[0] and set(adapters[0]) == set(adapters[1])
+    assert all("lora_" in name for name in adapters[0])
+    for name, tensor in adapters[0].items():
+        assert torch.allclose(tensor, adapters[1][name], rtol=0, atol=ATOL), name
+    assert not (tmp_path / "two" / "final" / "model.safetensors").exists()  # the adapters alone
+    merge = [sys.executable, "-m", "rollouts.cli", "train", "merge", "two/final", "--output", "merged"]
+    code, output = _run(merge, cwd=tmp_path)
+    assert code == 0, output[-3000:]
+    assert (tmp_path / "merged" / "config.json").is_file()

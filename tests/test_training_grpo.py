@@ -4,10 +4,6 @@ advantages, prompt order, and the served policy's weight reload (against the fak
 from __future__ import annotations
 
 import json
-import os
-import signal
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +16,9 @@ except ImportError:  # never skipped: say what to install
     pytest.fail(
         "the training tests need torch and transformers: pip install torch==2.13.0 -e '.[train]'", pytrace=False
     )
-import trio
+from _training_helpers import PROMPTS, kill_and_resume, sevens
 
 from rollouts.errors import ConfigurationError, ProviderError
-from rollouts.eval.sample import Metric, Score
 from rollouts.providers.scripted import ScriptedReply
 from rollouts.testing import http_error, open_fake_server
 from rollouts.testing.fake_server import RecordedRequest, RenderContext
@@ -39,13 +34,6 @@ from rollouts.training import (
 from rollouts.training.tiny import tiny_chat_model
 
 torch.set_num_threads(1)
-PROMPTS = [{"prompt": "say seven"}, {"prompt": "a number?"}, {"prompt": "digits"}]
-
-
-def sevens(sample: Any) -> Score:
-    """Reward: the share of the reply's characters that are '7'."""
-    reply = sample.response
-    return Score((Metric("sevens", reply.count("7") / max(len(reply), 1), weight=1.0),))
 
 
 def _config(out: Path, **changes: Any) -> GRPOConfig:
@@ -85,72 +73,11 @@ async def test_a_reward_preferring_one_token_is_learned_in_a_few_steps(tmp_path:
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000003", "step_000007"]
 
 
-_RUN_SCRIPT = """
-import json, os, signal, sys
-from pathlib import Path
-import torch
-torch.set_num_threads(1)
-import trio
-sys.path.insert(0, {tests!r})
-from test_training_grpo import PROMPTS, _config, sevens
-from rollouts.training import grpo_train, local_policy
-from rollouts.training.tiny import tiny_chat_model
-
-out = Path(sys.argv[1])
-kill_after = int(sys.argv[2])
-
-def on_step(result):
-    if result.step == kill_after:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-async def main():
-    model, tokenizer = tiny_chat_model(seed=0)
-    config = _config(out, num_steps=5, checkpoint_every=1)
-    backend, policy = local_policy(model, tokenizer, config, name="tiny")
-    await grpo_train(config, PROMPTS, sevens, backend=backend, inference=policy, on_step=on_step)
-
-trio.run(main)
-"""
-
-
 async def test_kill_and_resume_reproduces_the_uninterrupted_run_exactly(tmp_path: Path) -> None:
-    # the uninterrupted run, in this process
-    model, tokenizer = tiny_chat_model(seed=0)
-    config = _config(tmp_path / "straight", num_steps=5, checkpoint_every=1)
-    backend, policy = local_policy(model, tokenizer, config, name="tiny-straight")
-    await grpo_train(config, PROMPTS, sevens, backend=backend, inference=policy)
-    expected = {k: v.clone() for k, v in model.state_dict().items()}
-
-    # a run killed (SIGKILL) right after step 2 was logged (its checkpoint written before)
-    out = tmp_path / "killed"
-    script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(_RUN_SCRIPT.format(tests=str(Path(__file__).parent))))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")]),
-    }
-    with trio.fail_after(600):
-        proc = await trio.run_process(
-            [sys.executable, str(script), str(out), "2"], env=env, capture_stdout=True, capture_stderr=True, check=False
-        )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:].decode(errors="replace")
-    assert [json.loads(x)["step"] for x in (out / "log.jsonl").read_text().splitlines()] == [0, 1, 2]
-
-    # resumed here, from a fresh copy of the same starting model (another one is refused: see
-    # test_defect6_resume_refuses_another_model)
-    model2, tokenizer2 = tiny_chat_model(seed=0)
-    config2 = _config(out, num_steps=5, checkpoint_every=1)
-    backend2, policy2 = local_policy(model2, tokenizer2, config2, name="tiny-resumed")
-    result = await grpo_train(config2, PROMPTS, sevens, backend=backend2, inference=policy2)
-    assert result.resumed_from == 2
-    assert [s.step for s in result.steps] == [3, 4]
-    got = model2.state_dict()
-    assert set(got) == set(expected)
-    for name, tensor in expected.items():
-        assert torch.equal(got[name], tensor), name
-    straight_log = (tmp_path / "straight" / "log.jsonl").read_text().splitlines()
-    resumed_log = (out / "log.jsonl").read_text().splitlines()
-    assert [json.loads(x)["reward_mean"] for x in resumed_log] == [json.loads(x)["reward_mean"] for x in straight_log]
+    # killed (SIGKILL) right after step 2 was logged, its checkpoint written before
+    run = await kill_and_resume(tmp_path, _config, dict(num_steps=5, checkpoint_every=1), kill_after=2)
+    assert run.resumed.resumed_from == 2
+    assert [s.step for s in run.resumed.steps] == [3, 4]
 
 
 async def test_resume_refuses_another_configuration(tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 import trio
+from _training_helpers import PROMPTS, sevens
 from test_training_cli import SCORE, _cli, _save_tiny, _write
-from test_training_grpo import PROMPTS, sevens
 
 from rollouts.dtypes import Endpoint, Message, Trajectory
 from rollouts.errors import ConfigurationError

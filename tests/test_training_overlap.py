@@ -5,17 +5,13 @@ the lag, drains at checkpoints so a killed run resumes exactly, and works with a
 from __future__ import annotations
 
 import json
-import os
-import signal
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import trio
-from test_training_grpo import PROMPTS, sevens
+from _training_helpers import PROMPTS, kill_and_resume, sevens
 from test_training_served import ServedTinyModel
 
 from rollouts.errors import ConfigurationError
@@ -179,71 +175,14 @@ async def test_lag1_with_lora_copies_only_the_adapters_for_generation(tmp_path: 
         assert torch.equal(copy_params[name], p), name
 
 
-_RUN_SCRIPT = """
-import os, signal, sys
-from pathlib import Path
-import torch
-torch.set_num_threads(1)
-import trio
-sys.path.insert(0, {tests!r})
-from test_training_grpo import PROMPTS, sevens
-from test_training_overlap import _config
-from rollouts.training import grpo_train, local_policy
-from rollouts.training.tiny import tiny_chat_model
-
-out = Path(sys.argv[1])
-kill_after = int(sys.argv[2])
-
-def on_step(result):
-    if result.step == kill_after:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-async def main():
-    model, tokenizer = tiny_chat_model(seed=0)
-    config = _config(out, num_steps=6, checkpoint_every=2, max_policy_lag=1)
-    backend, policy = local_policy(model, tokenizer, config, name="tiny")
-    await grpo_train(config, PROMPTS, sevens, backend=backend, inference=policy, on_step=on_step)
-
-trio.run(main)
-"""
-
-
 async def test_lag1_kill_and_resume_reproduces_the_uninterrupted_run_exactly(tmp_path: Path) -> None:
-    model, tokenizer = tiny_chat_model(seed=0)
-    config = _config(tmp_path / "straight", num_steps=6, checkpoint_every=2, max_policy_lag=1)
-    backend, policy = local_policy(model, tokenizer, config, name="lag1-straight")
-    straight = await grpo_train(config, PROMPTS, sevens, backend=backend, inference=policy)
-    assert [s.policy_version for s in straight.steps] == [0, 0, 2, 2, 4, 4]  # overlapped after steps 0, 2, 4
-    expected = _weights(model)
-
-    # killed (SIGKILL) right after step 2 was logged: step 3's rollouts were being generated
-    # ahead; the last checkpoint is step 1's
-    out = tmp_path / "killed"
-    script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(_RUN_SCRIPT.format(tests=str(Path(__file__).parent))))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")]),
-    }
-    with trio.fail_after(600):
-        proc = await trio.run_process(
-            [sys.executable, str(script), str(out), "2"], env=env, capture_stdout=True, capture_stderr=True, check=False
-        )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:].decode(errors="replace")
-    assert [json.loads(x)["step"] for x in (out / "log.jsonl").read_text().splitlines()] == [0, 1, 2]
-
-    model2, tokenizer2 = tiny_chat_model(seed=0)
-    config2 = _config(out, num_steps=6, checkpoint_every=2, max_policy_lag=1)
-    backend2, policy2 = local_policy(model2, tokenizer2, config2, name="lag1-resumed")
-    result = await grpo_train(config2, PROMPTS, sevens, backend=backend2, inference=policy2)
-    assert result.resumed_from == 1 and [s.step for s in result.steps] == [2, 3, 4, 5]
-    got = model2.state_dict()
-    for name, tensor in expected.items():
-        assert torch.equal(got[name], tensor), name
-    straight_log = [json.loads(x) for x in (tmp_path / "straight" / "log.jsonl").read_text().splitlines()]
-    resumed_log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
-    assert [e["reward_mean"] for e in resumed_log] == [e["reward_mean"] for e in straight_log]
-    assert [e["policy_version"] for e in resumed_log] == [e["policy_version"] for e in straight_log]
+    # killed (SIGKILL) right after step 2 was logged, while step 3's rollouts were being
+    # generated ahead; the last checkpoint is step 1's (a drain point)
+    changes = dict(num_steps=6, checkpoint_every=2, max_policy_lag=1)
+    run = await kill_and_resume(tmp_path, _config, changes, kill_after=2)
+    assert [s.policy_version for s in run.straight.steps] == [0, 0, 2, 2, 4, 4]  # overlapped after steps 0, 2, 4
+    assert run.resumed.resumed_from == 1 and [s.step for s in run.resumed.steps] == [2, 3, 4, 5]
+    assert [e["policy_version"] for e in run.resumed_log] == [e["policy_version"] for e in run.straight_log]
 
 
 async def test_lag1_with_a_served_policy_reloads_only_between_generations(tmp_path: Path) -> None:

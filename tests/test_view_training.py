@@ -22,7 +22,8 @@ except ImportError:  # never skipped: say what to install
         "the training tests need torch and transformers: pip install torch==2.13.0 -e '.[train]'", pytrace=False
     )
 
-from test_training_grpo import PROMPTS, _config, sevens
+from _training_helpers import PROMPTS, sevens
+from test_training_grpo import _config
 
 from rollouts.training import grpo_train, local_policy
 from rollouts.training.tiny import tiny_chat_model
@@ -150,8 +151,10 @@ async def test_the_training_page_draws_its_curves_in_chromium(
         csp: list[str] = []
         page.on("console", lambda m: csp.append(m.text) if "Content Security Policy" in m.text else None)
         page.goto(url + "/")
-        page.click("header.top >> text=Training")
-        page.click("#training-runs a >> text=grpo-kept")
+        with page.expect_navigation():
+            page.click("header.top >> text=Training")
+        with page.expect_navigation():  # (the reads below do not wait: the page must have loaded)
+            page.click("#training-runs a >> text=grpo-kept")
         figures = page.locator("#curves figure.curve")
         titles = [t.strip() for t in figures.locator("figcaption").all_inner_texts()]
         assert titles == ["reward", "held-out reward", "KL", "loss", "seconds per step"], titles

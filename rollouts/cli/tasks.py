@@ -45,16 +45,16 @@ def builtin_scorers() -> dict[str, str]:
     return {name: doc for name, (_, doc) in scorers.BUILTIN_METRICS.items()}
 
 
-def resolve_scorer(ref: str) -> Callable[..., Any]:
-    """`--score`: built-in scorer names (comma-separated) or `module:function`."""
+def resolve_scorer(ref: str, flag: str = "--score") -> Callable[..., Any]:
+    """`--score` (or `flag`): built-in scorer names (comma-separated) or `module:function`."""
     if ":" in ref:
-        return load_callable(ref, "--score")
+        return load_callable(ref, flag)
     names = [n.strip() for n in ref.split(",") if n.strip()]
     builtin = scorers.BUILTIN_METRICS
     unknown = [n for n in names if n not in builtin]
     if unknown or not names:
         raise CLIError(
-            f"unknown scorer {', '.join(unknown) or ref!r}; built-in scorers: {', '.join(sorted(builtin))}; "
+            f"{flag}: unknown scorer {', '.join(unknown) or ref!r}; built-in scorers: {', '.join(sorted(builtin))}; "
             "or pass module:function"
         )
     fn: Callable[..., Any] = scorers.builtin_score_fn(names)

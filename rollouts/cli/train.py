@@ -20,6 +20,11 @@ again under torchrun (`python -m torch.distributed.run --standalone --nproc-per-
 ...`); `torchrun ... -m rollouts train grpo ...` (several machines: --nnodes, --node-rank,
 --rdzv-endpoint) works the same. `--parallel` chooses DDP or FSDP2; rank 0 prints, logs and writes
 the checkpoints and final weights.
+
+`--heldout FILE` (rows of the `--data` formats, never trained on) is evaluated greedily after
+every `--heldout-every` steps (default: every checkpoint) and after the last, scored by
+`--heldout-score` (default `--score`); the mean goes into that step's log line as `heldout_reward`.
+A held-out row whose prompt is a training row's is refused unless `--allow-heldout-overlap`.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ examples:
   rollouts train grpo --model smollm2-135m --data prompts.jsonl --score my_task:score --steps 10 --output runs/lora \\
       --lora-r 16 --lora-alpha 32 --lr 1e-4
   rollouts train merge runs/lora/final --output runs/lora/merged
+  rollouts train grpo --model smollm2-135m --data train.jsonl --heldout test.jsonl --heldout-every 5 \\
+      --score my_task:shaped --heldout-score my_task:solved --steps 50 --output runs/sum
 
 rows: JSON objects with a `prompt` (or `question`, `messages`) field, plus whatever the score
 function reads (e.g. `answer`). --score takes a built-in scorer name or module:function
@@ -118,6 +125,7 @@ def add_parser(sub: Any) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
     _add_memory_and_overlap_options(g)
+    _add_heldout_options(g)
     g.add_argument(
         "--keep-step-samples",
         action="store_true",
@@ -178,6 +186,32 @@ def _add_memory_and_overlap_options(g: Any) -> None:
     )
 
 
+def _add_heldout_options(g: Any) -> None:
+    """Held-out evaluation flags (rollouts.cli.train_heldout)."""
+    g.add_argument(
+        "--heldout",
+        metavar="FILE",
+        help="rows never trained on (.jsonl or .csv, as --data), evaluated greedily during training: "
+        "heldout_reward in log.jsonl",
+    )
+    g.add_argument(
+        "--heldout-every",
+        type=int,
+        metavar="N",
+        help="evaluate --heldout after every N-th step and after the last (default: --checkpoint-every)",
+    )
+    g.add_argument(
+        "--heldout-score",
+        metavar="NAME|MODULE:FUNCTION",
+        help="score of the held-out rows, e.g. strict success while --score is shaped (default: --score)",
+    )
+    g.add_argument(
+        "--allow-heldout-overlap",
+        action="store_true",
+        help="evaluate held-out rows whose prompt is also a training row's (refused by default: leakage)",
+    )
+
+
 def _add_merge_parser(algorithms: Any) -> None:
     m = algorithms.add_parser(
         "merge",
@@ -198,6 +232,7 @@ def _progress_line(result: Any, total: int) -> str:
         f"step {result.step + 1}/{total}  reward {result.reward_mean:.3f}  loss {m.get('loss', 0.0):+.4f}  "
         f"kl {m.get('kl', 0.0):.4f}  entropy {m.get('entropy', 0.0):.3f}  "
         f"{result.model_tokens / result.seconds if result.seconds else 0:.0f} tok/s  {result.seconds:.1f}s"
+        + (f"  heldout {m['heldout_reward']:.3f}" if "heldout_reward" in m else "")
     )
 
 
@@ -272,6 +307,8 @@ def run_grpo(args: argparse.Namespace) -> int:
     main_rank = world is None or world.rank == 0
     if args.nproc_per_node > 1 and world is None:
         _check_settings(args)
+        # a bad held-out file stops here, once, not in every process (rank 0 prints the overlap warning)
+        _heldout(args, _prepare(args), resolve_scorer(args.score), warn=False)
         return _run_under_torchrun(args)
     _check_settings(args)
     return _train(args, main_rank)
@@ -303,11 +340,39 @@ def _check_settings(args: argparse.Namespace) -> None:
     targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
     if not targets:
         raise CLIError("--lora-targets: give module names (e.g. q_proj,v_proj) or all-linear")
+    if args.heldout is None:
+        given = [f for f in ("heldout_every", "heldout_score") if getattr(args, f) is not None]
+        given += ["allow_heldout_overlap"] if args.allow_heldout_overlap else []
+        if given:
+            raise CLIError(f"--{given[0].replace('_', '-')} needs --heldout FILE (the rows to evaluate)")
+    elif args.heldout_every is not None and args.heldout_every < 1:
+        raise CLIError("--heldout-every must be at least 1 (steps between held-out evaluations)")
     if args.batch_size < args.nproc_per_node:
         raise CLIError(
             f"--batch-size {args.batch_size} is below --nproc-per-node {args.nproc_per_node}: each process rolls out "
             "whole prompt groups, so give at least one prompt per process and step"
         )
+
+
+def _prepare(args: argparse.Namespace) -> Any:
+    """`--prepare` (or the default row -> messages), with `--system-prompt` put first."""
+    from rollouts.eval.config import default_prepare_messages
+
+    prepare: Any = load_callable(args.prepare, "--prepare") if args.prepare else default_prepare_messages
+    return with_system_prompt(prepare, args.system_prompt) if args.system_prompt else prepare
+
+
+def _heldout(args: argparse.Namespace, prepare: Any, score: Any, *, warn: bool) -> Any:
+    """`--heldout`'s rows, checked (rollouts.cli.train_heldout), as a HeldOut; None without it.
+    `warn`: print the overlap warning (rank 0 only)."""
+    if args.heldout is None:
+        return None
+    from rollouts.cli.train_heldout import checked_heldout_rows
+    from rollouts.training.heldout import HeldOut
+
+    heldout_score = resolve_scorer(args.heldout_score, "--heldout-score") if args.heldout_score else score
+    rows = checked_heldout_rows(args.heldout, args.data, prepare, allow_overlap=args.allow_heldout_overlap, warn=warn)
+    return HeldOut(rows, heldout_score, every=args.heldout_every or args.checkpoint_every)
 
 
 def _train(args: argparse.Namespace, main_rank: bool) -> int:
@@ -316,17 +381,15 @@ def _train(args: argparse.Namespace, main_rank: bool) -> int:
     if not rows:
         raise CLIError(f"--data {args.data}: no rows")
     score = resolve_scorer(args.score)
+    prepare = _prepare(args)
+    heldout = _heldout(args, prepare, score, warn=main_rank)  # (checked before the model loads)
     try:
         import torch
         import transformers  # noqa: F401
     except ImportError:
         raise CLIError("training needs torch and transformers: pip install torch==2.13.0 'rollouts[train]'") from None
-    from rollouts.eval.config import default_prepare_messages
     from rollouts.training import GRPOConfig, grpo_train, load_causal_lm, local_policy
 
-    prepare: Any = load_callable(args.prepare, "--prepare") if args.prepare else default_prepare_messages
-    if args.system_prompt:
-        prepare = with_system_prompt(prepare, args.system_prompt)
     factory = None
     if args.env:
         environment_class(args.env)
@@ -385,7 +448,9 @@ def _train(args: argparse.Namespace, main_rank: bool) -> int:
         say(_progress_line(result, args.steps))
 
     async def main() -> Any:
-        return await grpo_train(config, rows, score, factory, backend=backend, inference=policy, on_step=progress)
+        return await grpo_train(
+            config, rows, score, factory, backend=backend, inference=policy, on_step=progress, heldout=heldout
+        )
 
     result = trio.run(main)
     if not main_rank:
@@ -402,6 +467,7 @@ def _train(args: argparse.Namespace, main_rank: bool) -> int:
         "resumed_from_step": result.resumed_from + 1 if result.resumed_from is not None else None,
         "reward_first": result.steps[0].reward_mean if result.steps else None,
         "reward_last": last.reward_mean if last else None,
+        "heldout_reward_last": last.metrics.get("heldout_reward") if last and heldout else None,
         "final_weights": str(final),
     }
     print(json.dumps(summary))

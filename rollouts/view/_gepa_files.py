@@ -15,7 +15,7 @@ from rollouts.gepa.result import GEPAResult
 from rollouts.gepa.state import GEPAState
 from rollouts.view.catalog import GepaRunDetail, GepaRunRow, NotFound, Reflection
 
-__all__ = ["REFLECTIONS_FILE", "is_gepa_dir", "read_gepa_dir", "read_reflections"]
+__all__ = ["REFLECTIONS_FILE", "RESULT_FILE", "STATE_FILE", "is_gepa_dir", "read_gepa_dir", "read_reflections"]
 
 
 def is_gepa_dir(path: Path) -> bool:

@@ -15,6 +15,7 @@ A file that shrank or was replaced is indexed again from the start.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import sqlite3
@@ -31,6 +32,11 @@ PREVIEW_CAP = 300  # characters of input / response kept for the table
 SESSION_TEXT_CAP = 100_000  # characters of message text kept for search per session
 _COMMIT_EVERY = 500
 _READ_CHUNK = 1 << 20
+
+
+def index_file(cache_dir: Path, kind: str, path: Path) -> Path:
+    """Where the `kind` index of the files at `path` is kept under `cache_dir`."""
+    return cache_dir / f"{kind}-{hashlib.sha1(str(path).encode()).hexdigest()[:16]}.sqlite"
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -89,6 +95,12 @@ class _Index:
     def state(self, key: str, default: Any = None) -> Any:
         with self.read() as db:
             return self._get(db, key, default)
+
+    def count(self, table: str) -> int:
+        """Rows of `table` indexed so far (0 before it is created)."""
+        with self.read() as db, contextlib.suppress(sqlite3.Error):
+            return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+        return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,6 +191,10 @@ class EvalIndex(_Index):
     def __init__(self, db_path: Path, samples_path: Path) -> None:
         super().__init__(db_path)
         self.samples_path = samples_path
+
+    def pending(self) -> bool:
+        """Whether the index has not caught up with its file yet."""
+        return not self.up_to_date()
 
     def up_to_date(self) -> bool:
         """Whether everything in the file (complete lines) is indexed."""
@@ -345,6 +361,10 @@ class SessionIndex(_Index):
     def __init__(self, db_path: Path, root: Path) -> None:
         super().__init__(db_path)
         self.root = root
+
+    def pending(self) -> bool:
+        """Whether the index has not been through every session yet."""
+        return not self.state("ready")
 
     def update(self, budget: int = 500) -> bool:
         """Bring up to `budget` changed sessions up to date (newest first) and drop deleted

@@ -14,10 +14,10 @@ import datetime as dt
 import json
 import math
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rollouts.view._file_state import written_recently
 from rollouts.view.catalog import NotFound, TrainingRunDetail, TrainingRunRow, TrainingStep
 
 LOG_FILE = "log.jsonl"
@@ -25,7 +25,6 @@ CHECKPOINTS = "checkpoints"
 STEPS_DIR = "steps"
 LOG_MAX_BYTES = 256 * 1024 * 1024  # a longer log is read up to here (about 500,000 steps)
 STEP_DIRS_MAX = 20_000
-ACTIVE_WITHIN_S = 600.0  # a log written this recently may still grow (a step can take minutes)
 _FIRST_LINE_MAX = 64 * 1024
 
 
@@ -105,6 +104,6 @@ def read_training_run(path: Path, run_id: str, samples_run_id: Callable[[Path], 
         heldout_last=heldout[-1] if heldout else None,
         checkpoints=checkpoints,
         updated_at=dt.datetime.fromtimestamp(mtime, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        active=time.time() - mtime < ACTIVE_WITHIN_S,
+        active=written_recently(mtime),  # (a step can take minutes)
     )
     return TrainingRunDetail(row, steps, tuple(keys))
