@@ -238,6 +238,20 @@ def calculator_shaped(sample: Sample) -> Score:
     return Score((Metric("calculator", value, weight=1.0),))
 
 
+def calculator_reached(sample: Sample) -> Score:
+    """The training reward (the default): 0.5 when the calculator ends at the sum, 0.5 more for
+    success (as `calculator_success`). No credit for a first step alone: under
+    `calculator_shaped`'s 0.25 for add(a), every run settled on add(a) followed by a wrong second
+    call, and the credit, given to whole episodes, reinforced those wrong calls with it."""
+    _, value = _episode(sample)
+    reached = value == float(sample.input["answer"])
+    value_credit = 0.5 * reached + 0.5 * calculator_success(sample).reward
+    return Score((Metric("calculator", value_credit, weight=1.0),))
+
+
+MULTITURN_REWARDS = {"reached": calculator_reached, "shaped": calculator_shaped}
+
+
 async def heldout_reward(
     name: str,
     rows: list[dict[str, Any]],
@@ -451,7 +465,14 @@ async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, ou
         print(f"multi-turn: step {r.step} reward {r.reward_mean:.3f}{held_out} {r.seconds:.1f}s", file=sys.stderr)
 
     result = await grpo_train(
-        config, rows, calculator_shaped, AddCalculator, backend=backend, inference=policy, on_step=show, heldout=heldout
+        config,
+        rows,
+        MULTITURN_REWARDS[args.multiturn_reward],
+        AddCalculator,
+        backend=backend,
+        inference=policy,
+        on_step=show,
+        heldout=heldout,
     )
     curve = [(s.step, round(s.metrics["heldout_reward"], 4)) for s in result.steps if "heldout_reward" in s.metrics]
     return {
@@ -460,6 +481,11 @@ async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, ou
         "multiturn_heldout_curve": [[-1, round(before, 4)], *[list(c) for c in curve]],
         "multiturn_heldout_episodes": len(held),
         "multiturn_steps": args.multiturn_steps,
+        "multiturn_reward": args.multiturn_reward,
+        "multiturn_temperature": args.multiturn_temperature,
+        "multiturn_lr": args.multiturn_lr,
+        "multiturn_prompts_per_step": args.multiturn_prompts_per_step,
+        "multiturn_group": args.multiturn_group,
         "multiturn_rollouts_per_step": args.multiturn_prompts_per_step * args.multiturn_group,
         "multiturn_sec_per_step": sum(s.seconds for s in result.steps) / len(result.steps),
         "multiturn_reward_curve": [round(s.reward_mean, 4) for s in result.steps],
@@ -598,6 +624,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--multiturn-lr", type=float, default=2e-5)
     parser.add_argument("--multiturn-turns", type=int, default=3, help="model turns per calculator episode")
     parser.add_argument("--multiturn-max-tokens", type=int, default=40, help="per model turn")
+    parser.add_argument(
+        "--multiturn-reward",
+        default="reached",
+        choices=tuple(MULTITURN_REWARDS),
+        help="training reward: reached (0.5 calculator at the sum + 0.5 success) or shaped (0.25 add a, 0.25 add b, 0.5 success)",
+    )
     parser.add_argument("--multiturn-heldout-every", type=int, default=2, help="steps between held-out evaluations")
     parser.add_argument("--multiturn-output", help="keep the multi-turn run (log.jsonl, checkpoint) in this directory")
     parser.add_argument("--prompts-per-step", type=int, default=4)
@@ -676,19 +708,20 @@ def main() -> None:
     print(f"loaded {args.model} in {load_s:.1f}s", file=sys.stderr)
     start = copy.deepcopy(model.state_dict())
     rows, heldout = arithmetic_split(args.max_operand, args.heldout, seed=args.seed, example=EXAMPLE_PAIR)
-    result: dict[str, Any] = {"model": args.model, "steps": args.steps, "group": args.group}
-    result["prompts_per_step"] = args.prompts_per_step
+    result: dict[str, Any] = {"model": args.model}
+    if not args.skip_single:  # the single-turn run's settings only when it runs
+        result.update(steps=args.steps, group=args.group, prompts_per_step=args.prompts_per_step)
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_single:
             result.update(trio.run(run_ours, model, tokenizer, args, rows, heldout, Path(tmp) / "ours"))
-        result["peak_rss_mb"] = round(peak_rss_mb(), 1)
+            result["peak_rss_mb"] = round(peak_rss_mb(), 1)
         model.load_state_dict(start)
         if not args.skip_trl and not args.skip_single:
             trl_model = copy.deepcopy(model)
             result.update(run_trl(trl_model, tokenizer, args, rows, heldout, Path(tmp) / "trl"))
             del trl_model
             result["sec_per_step_ratio_to_trl"] = result["sec_per_step"] / result["trl_sec_per_step"]
-        else:
+        elif not args.skip_single:
             result["trl_sec_per_step"] = None
         model.load_state_dict(start)
         if not args.skip_multiturn:
@@ -697,7 +730,7 @@ def main() -> None:
     result.update(ddp2)
     result["load_s"] = round(load_s, 1)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    result["peak_rss_mb_with_trl"] = round(peak_rss_mb(), 1)
+    result["peak_rss_mb_at_end" if args.skip_trl else "peak_rss_mb_with_trl"] = round(peak_rss_mb(), 1)
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()}))
 
 

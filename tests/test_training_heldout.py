@@ -131,7 +131,8 @@ def test_the_multiturn_benchmarks_heldout_episodes_are_disjoint_from_training() 
 
 def test_the_multiturn_benchmarks_success_is_strict_and_its_training_reward_shaped() -> None:
     """Held-out success needs the calculator at the sum AND the sum reported by complete_task;
-    the training reward adds partial credit for the steps the task asks for (add a, add b)."""
+    the training rewards add partial credit: for the calculator reaching the sum (reached, the
+    default), or for the steps the task asks for (shaped: add a, add b)."""
     from rollouts.dtypes import Message, ToolCallContent, Trajectory
 
     bench = _benchmark_module()
@@ -147,20 +148,23 @@ def test_the_multiturn_benchmarks_success_is_strict_and_its_training_reward_shap
         )
 
     add4, add7, add11 = ("add", {"value": 4}), ("add", {"value": 7}), ("add", {"value": 11})
-    cases = [  # (calls, calculator value, stop reason) -> (success, shaped reward)
-        ([add4, add7, ("complete_task", {"final_result": "11"})], 11.0, "task_completed", 1.0, 1.0),
-        ([add4, add7, ("complete_task", {"final_result": 11})], 11.0, "task_completed", 1.0, 1.0),
-        ([add4, add7, ("complete_task", {"final_result": "12"})], 11.0, "task_completed", 0.0, 0.5),
-        ([add11, ("complete_task", {"final_result": "11"})], 11.0, "task_completed", 1.0, 0.5),
-        ([add4, ("complete_task", {"final_result": "4"})], 4.0, "task_completed", 0.0, 0.25),
-        ([add4, ("add", {"value": 4}), ("add", {"value": 8})], 16.0, "max_turns", 0.0, 0.25),
-        ([add4, add7], 11.0, "max_turns", 0.0, 0.5),
-        ([add7, add4, ("complete_task", {"final_result": "11"})], 11.0, "task_completed", 1.0, 0.5),
+    cases = [  # (calls, calculator value, stop reason) -> (success, shaped reward, reached reward)
+        ([add4, add7, ("complete_task", {"final_result": "11"})], 11.0, "task_completed", 1.0, 1.0, 1.0),
+        ([add4, add7, ("complete_task", {"final_result": 11})], 11.0, "task_completed", 1.0, 1.0, 1.0),
+        ([add4, add7, ("complete_task", {"final_result": "12"})], 11.0, "task_completed", 0.0, 0.5, 0.5),
+        ([add11, ("complete_task", {"final_result": "11"})], 11.0, "task_completed", 1.0, 0.5, 1.0),
+        ([add4, ("complete_task", {"final_result": "4"})], 4.0, "task_completed", 0.0, 0.25, 0.0),
+        ([add4, ("add", {"value": 4}), ("add", {"value": 8})], 16.0, "max_turns", 0.0, 0.25, 0.0),
+        ([add4, add7], 11.0, "max_turns", 0.0, 0.5, 0.5),
+        ([add7, add4, ("complete_task", {"final_result": "11"})], 11.0, "task_completed", 1.0, 0.5, 1.0),
+        ([add4, add7, ("add", {"value": 1})], 12.0, "max_turns", 0.0, 0.5, 0.0),
     ]
-    for calls, value, stop, success, shaped in cases:
+    for calls, value, stop, success, shaped, reached in cases:
         sample = episode(calls, value, stop)
         assert bench.calculator_success(sample).reward == success, calls
         assert bench.calculator_shaped(sample).reward == shaped, calls
+        assert bench.calculator_reached(sample).reward == reached, calls
     # the worked episode's own calls never count: the prompt alone is no success and no credit
     prompt_only = Sample("p", row, Trajectory(tuple(bench.multiturn_messages(row))), stop_reason="no_tool_called")
-    assert bench.calculator_success(prompt_only).reward == 0.0 and bench.calculator_shaped(prompt_only).reward == 0.0
+    for score in (bench.calculator_success, bench.calculator_shaped, bench.calculator_reached):
+        assert score(prompt_only).reward == 0.0

@@ -286,9 +286,34 @@ def barrier(world: World, what: str) -> None:
 # -- the training module ----------------------------------------------------------------------
 
 
-def selected_logits_module(model: Any) -> Any:
+MIN_SHARED_COLUMNS = 16
+"""A training batch whose rows share at least this many first tokens runs them once."""
+
+
+def shared_columns(ids: Any, attn: Any) -> int:
+    """How many first columns every row of the right-padded batch `ids` has equal and unpadded,
+    leaving each row at least one column of its own."""
+    import torch
+
+    same = (ids == ids[:1]).all(dim=0) & (attn > 0).all(dim=0)
+    if bool(same.all()):
+        return int(ids.shape[1]) - 1
+    return min(int(torch.argmin(same.to(torch.int8))), int(ids.shape[1]) - 1)
+
+
+def selected_logits_module(model: Any, *, share_prefix: bool = True) -> Any:
     """A module whose forward(ids, attention_mask, rows, cols) gives the output layer's logits
-    at positions (rows, cols) only — the training forward, as one module DDP / FSDP can wrap."""
+    at positions (rows, cols) only — the training forward, as one module DDP / FSDP can wrap.
+
+    With `share_prefix`, the columns all rows share (a GRPO group's prompt; a task's system prompt
+    and worked examples) run once, for the first row, and the rest of every row attends to their
+    keys and values, copied to each row: the same logits, to float rounding, and their gradient
+    flows back through the copies into the one shared pass. Not under gradient checkpointing
+    (which drops the cache the rows attend to) and not with `parallel="fsdp"`, in any number of
+    processes (`prepare_training` passes False: FSDP2 aborts when a sharded layer runs twice in
+    one forward, and a run must compute the same at every world size — rounding differences,
+    which Adam scales up where gradients are near zero, would otherwise tell a one-process run
+    from a two-process one)."""
     import torch
 
     class SelectedLogits(torch.nn.Module):
@@ -297,10 +322,26 @@ def selected_logits_module(model: Any) -> Any:
             self.model = inner
 
         def forward(self, ids: Any, attn: Any, rows: Any, cols: Any) -> Any:
-            hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+            decoder = self.model.get_decoder()
+            shared = shared_columns(ids, attn) if share_prefix and ids.shape[0] > 1 else 0
+            if shared >= MIN_SHARED_COLUMNS and not _checkpointing(decoder):
+                head = decoder(input_ids=ids[:1, :shared], use_cache=True)
+                cache = head.past_key_values
+                cache.batch_repeat_interleave(int(ids.shape[0]))
+                rest = decoder(
+                    input_ids=ids[:, shared:], attention_mask=attn, past_key_values=cache, use_cache=True
+                ).last_hidden_state
+                first = head.last_hidden_state.expand(int(ids.shape[0]), -1, -1)
+                hidden = torch.cat([first, rest], dim=1)
+            else:
+                hidden = decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
             return self.model.get_output_embeddings()(hidden[rows, cols]).float()
 
     return SelectedLogits(model)
+
+
+def _checkpointing(decoder: Any) -> bool:
+    return any(getattr(layer, "gradient_checkpointing", False) for layer in getattr(decoder, "layers", ()))
 
 
 @dataclass(frozen=True)
@@ -331,7 +372,7 @@ def prepare_training(model: Any, parallel: str, world: World) -> Prepared:
     if parallel not in PARALLEL_CHOICES:
         raise ConfigurationError(f"parallel must be one of {', '.join(PARALLEL_CHOICES)}, got {parallel!r}")
     if not world.distributed:
-        return Prepared(selected_logits_module(model), model, parallel, world)
+        return Prepared(selected_logits_module(model, share_prefix=parallel != "fsdp"), model, parallel, world)
     _broadcast_start(model, world)
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -347,7 +388,7 @@ def prepare_training(model: Any, parallel: str, world: World) -> Prepared:
         p.grad = None
     for layer in getattr(sharded.get_decoder(), "layers", ()):
         fully_shard(layer)
-    root = selected_logits_module(sharded)
+    root = selected_logits_module(sharded, share_prefix=False)
     fully_shard(root)
     return Prepared(root, sharded, parallel, world)
 

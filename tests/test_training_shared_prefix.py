@@ -1,0 +1,87 @@
+"""The training forward runs the columns every row shares once (`selected_logits_module`):
+it must give the logits and the gradient of running every row whole."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from rollouts.training import distributed
+from rollouts.training.distributed import MIN_SHARED_COLUMNS, selected_logits_module, shared_columns
+from rollouts.training.lora import enable_gradient_checkpointing
+from rollouts.training.tiny import tiny_chat_model
+
+torch.set_num_threads(1)
+
+
+def _batch(shared: int, rests: list[int], seed: int = 0) -> tuple[Any, Any, Any, Any]:
+    """Right-padded rows: `shared` equal first tokens, then `rests[i]` tokens of row i's own."""
+    g = torch.Generator().manual_seed(seed)
+    head = torch.randint(5, 40, (shared,), generator=g)
+    width = shared + max(rests)
+    ids = torch.zeros((len(rests), width), dtype=torch.long)
+    attn = torch.zeros((len(rests), width), dtype=torch.long)
+    for i, n in enumerate(rests):
+        ids[i, :shared] = head
+        ids[i, shared : shared + n] = torch.randint(5, 40, (n,), generator=g)
+        attn[i, : shared + n] = 1
+    mask = attn.clone()
+    mask[:, : shared // 2] = 0  # only some positions are trained on, as a prompt's are not
+    rows, cols = torch.nonzero(mask[:, 1:] > 0, as_tuple=True)
+    return ids, attn, rows, cols
+
+
+def test_shared_columns_counts_the_equal_unpadded_first_columns() -> None:
+    ids = torch.tensor([[1, 2, 3, 4], [1, 2, 9, 0]])
+    attn = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    assert shared_columns(ids, attn) == 2
+    assert shared_columns(ids[:1], attn[:1]) == 3  # one row: all but its last column
+    assert shared_columns(torch.tensor([[1, 2, 0], [1, 2, 0]]), torch.tensor([[1, 1, 0], [1, 1, 0]])) == 2
+    assert shared_columns(torch.tensor([[7, 2], [8, 2]]), torch.ones((2, 2), dtype=torch.long)) == 0
+
+
+@pytest.mark.parametrize("rests", [[5, 9, 1, 7], [3, 3]])
+def test_the_shared_prefix_forward_gives_the_logits_and_gradient_of_whole_rows(
+    rests: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, _ = tiny_chat_model(seed=0)
+    model.train()
+    ids, attn, rows, cols = _batch(MIN_SHARED_COLUMNS + 20, rests)
+    results = []
+    for share in (False, True):
+        calls: list[int] = []
+        decoder = model.get_decoder()
+        original = type(decoder).forward
+
+        def spy(self: Any, *args: Any, _calls: list[int] = calls, _original: Any = original, **kwargs: Any) -> Any:
+            _calls.append(int(kwargs["input_ids"].shape[1]))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(decoder), "forward", spy)
+        model.zero_grad(set_to_none=True)
+        logits = selected_logits_module(model, share_prefix=share)(ids, attn, rows, cols)
+        (logits.logsumexp(-1).sum() + logits[:, 7].sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((logits.detach(), grads, calls))
+        monkeypatch.setattr(type(decoder), "forward", original)
+    (whole, whole_grads, whole_calls), (shared, shared_grads, shared_calls) = results
+    assert whole_calls == [ids.shape[1]]
+    assert shared_calls == [MIN_SHARED_COLUMNS + 20, ids.shape[1] - MIN_SHARED_COLUMNS - 20]  # the head ran once
+    assert torch.allclose(whole, shared, atol=1e-5, rtol=0)
+    assert whole_grads.keys() == shared_grads.keys() and whole_grads
+    for name, grad in whole_grads.items():
+        assert torch.allclose(grad, shared_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_gradient_checkpointing_runs_whole_rows() -> None:
+    """Checkpointed layers drop the cache the rows would attend to: no sharing then."""
+    model, _ = tiny_chat_model(seed=0)
+    enable_gradient_checkpointing(model)
+    model.train()
+    ids, attn, rows, cols = _batch(MIN_SHARED_COLUMNS + 4, [3, 6])
+    assert distributed._checkpointing(model.get_decoder())
+    logits = selected_logits_module(model)(ids, attn, rows, cols)
+    reference = selected_logits_module(model, share_prefix=False)(ids, attn, rows, cols)
+    assert torch.allclose(logits, reference, atol=1e-6, rtol=0)
