@@ -453,6 +453,7 @@ async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, ou
         prepare_messages=multiturn_messages,
         max_policy_lag=0,
         num_minibatches=args.multiturn_minibatches,
+        share_prefix=True,  # the system prompt and worked episode (~330 of ~450 tokens) run once a pass
     )
     backend, policy = local_policy(model, tokenizer, config, name="bench-multiturn")
     heldout = HeldOut(held, calculator_success, every=args.multiturn_heldout_every)

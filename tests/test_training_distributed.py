@@ -391,8 +391,7 @@ def test_cli_lora_in_two_fsdp2_processes_with_overlap_and_heldout_trains_the_ada
     args = ["--score", "task.py:digits", "--steps", "3", "--batch-size", "2", "--group", "4", "--max-tokens", "6"]
     args += ["--lr", "0.01", "--threads", "1", "--lora-r", "4", "--heldout", "heldout.jsonl"]
     args += ["--heldout-score", "task.py:length"]
-    # --parallel fsdp in one process too: FSDP runs whole rows (no shared-prefix pass) at any world size
-    code, output = _run([*cli_task, *args, "--output", "one", "--parallel", "fsdp"], cwd=tmp_path)
+    code, output = _run([*cli_task, *args, "--output", "one"], cwd=tmp_path)
     assert code == 0, output[-3000:]
     code, output = _run(
         [*cli_task, *args, "--output", "two", "--nproc-per-node", "2", "--parallel", "fsdp"], cwd=tmp_path

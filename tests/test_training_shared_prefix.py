@@ -3,12 +3,16 @@ it must give the logits and the gradient of running every row whole."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from _training_helpers import PROMPTS, sevens
 
-from rollouts.training import distributed
+from rollouts.dtypes import Message
+from rollouts.errors import ConfigurationError
+from rollouts.training import GRPOConfig, distributed, grpo_train, local_policy
 from rollouts.training.distributed import MIN_SHARED_COLUMNS, selected_logits_module, shared_columns
 from rollouts.training.lora import enable_gradient_checkpointing
 from rollouts.training.tiny import tiny_chat_model
@@ -82,6 +86,59 @@ def test_gradient_checkpointing_runs_whole_rows() -> None:
     model.train()
     ids, attn, rows, cols = _batch(MIN_SHARED_COLUMNS + 4, [3, 6])
     assert distributed._checkpointing(model.get_decoder())
-    logits = selected_logits_module(model)(ids, attn, rows, cols)
+    logits = selected_logits_module(model, share_prefix=True)(ids, attn, rows, cols)
     reference = selected_logits_module(model, share_prefix=False)(ids, attn, rows, cols)
     assert torch.allclose(logits, reference, atol=1e-6, rtol=0)
+
+
+def test_share_prefix_refuses_the_options_it_cannot_run_with(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="gradient_checkpointing"):
+        GRPOConfig(output_dir=tmp_path, share_prefix=True, gradient_checkpointing=True)
+    with pytest.raises(ConfigurationError, match="fsdp"):
+        GRPOConfig(output_dir=tmp_path, share_prefix=True, parallel="fsdp")
+    # a speed option: a run may resume with it changed
+    assert GRPOConfig(output_dir=tmp_path, share_prefix=True).settings() == GRPOConfig(output_dir=tmp_path).settings()
+
+
+async def test_a_grpo_step_with_share_prefix_computes_the_step_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 0 samples the same rollouts (the same weights) either way; its loss and gradient norm,
+    computed before the optimizer moves anything, must agree — and the shared pass must have run
+    (the system prompt every rollout starts with is far longer than MIN_SHARED_COLUMNS)."""
+    heads: list[int] = []
+    original = distributed.shared_columns
+
+    def spy(ids: Any, attn: Any) -> int:
+        heads.append(original(ids, attn))
+        return heads[-1]
+
+    monkeypatch.setattr(distributed, "shared_columns", spy)
+    system = "you are a helpful assistant that answers with one number. " * 2
+
+    async def step0(share: bool) -> dict[str, float]:
+        model, tokenizer = tiny_chat_model(seed=0)
+        config = GRPOConfig(
+            output_dir=tmp_path / f"share-{share}",
+            num_steps=1,
+            batch_size=2,
+            n_samples_per_prompt=4,
+            max_tokens=6,
+            lr=1e-2,
+            seed=0,
+            max_policy_lag=0,
+            share_prefix=share,
+            prepare_messages=lambda row: [Message("system", system), Message("user", row["prompt"])],
+        )
+        backend, policy = local_policy(model, tokenizer, config, name=f"tiny-share-{share}")
+        result = await grpo_train(config, PROMPTS, sevens, backend=backend, inference=policy)
+        return {**result.steps[0].metrics, "reward_mean": result.steps[0].reward_mean}
+
+    plain = await step0(False)
+    assert not heads
+    shared = await step0(True)
+    assert heads and min(heads) >= MIN_SHARED_COLUMNS
+    assert plain["nonzero_advantage_samples"] == shared["nonzero_advantage_samples"] > 0
+    assert plain["reward_mean"] == shared["reward_mean"]
+    for key in ("loss", "grad_norm", "train_entropy"):
+        assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key

@@ -177,6 +177,12 @@ def _add_memory_and_overlap_options(g: Any) -> None:
         help="recompute layer activations in the backward pass instead of keeping them (less memory, slower)",
     )
     g.add_argument(
+        "--share-prefix",
+        action="store_true",
+        help="run the rollouts' common prompt beginning once in the training pass (faster; the same update "
+        "to float rounding; not with --gradient-checkpointing or --parallel fsdp)",
+    )
+    g.add_argument(
         "--max-policy-lag",
         type=int,
         default=1,
@@ -425,6 +431,7 @@ def _train(args: argparse.Namespace, main_rank: bool) -> int:
         lora_targets=targets,
         dtype=args.dtype,
         gradient_checkpointing=args.gradient_checkpointing,
+        share_prefix=args.share_prefix,
         max_policy_lag=args.max_policy_lag,
         prepare_messages=prepare,
         keep_step_samples=args.keep_step_samples,

@@ -67,6 +67,7 @@ def local_policy(
         weights_lock=None if overlapped else policy.weights_lock,
         pad_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id),
         parallel=config.parallel,
+        share_prefix=config.share_prefix,
     )
     return backend, policy
 

@@ -72,6 +72,15 @@ class GRPOConfig:
     gradient_checkpointing: recompute each decoder layer's activations in the backward pass
         instead of keeping them (less memory, about one more forward pass of time); not part
         of what a resume must share (it does not change the arithmetic).
+    share_prefix: a speed option: the training pass runs the columns all rollouts of a pass share
+        (a group's prompt; a task's system prompt and worked examples, which every prompt of the
+        step shares) once instead of once per rollout, and every rollout's own tokens attend to
+        their keys and values — the same update to float rounding (docs/training.md "Shared
+        prompt prefix"). Off by default so that runs at different world sizes and memory options
+        compute the same to the last bit; not with gradient_checkpointing (it drops the cache
+        the rollouts attend to) nor parallel="fsdp" (FSDP2 aborts when a sharded layer runs
+        twice in one forward). Not part of what a resume must share. (Generation always shares
+        the prompts' common beginning: it changes no sampled token.)
     max_policy_lag: how many training steps older than the step it trains a rollout's policy
         may be. 0: generation and training strictly alternate; 1 (the default): step k + 1's
         rollouts are generated while step k trains, by the policy before step k's update (the
@@ -112,6 +121,7 @@ class GRPOConfig:
     lora_targets: tuple[str, ...] = ("all-linear",)
     dtype: Dtype = "fp32"
     gradient_checkpointing: bool = False
+    share_prefix: bool = False
     max_policy_lag: int = 1
     prepare_messages: PrepareMessages = default_prepare_messages
     sample_timeout_s: float | None = None
@@ -156,6 +166,12 @@ class GRPOConfig:
                 f"GRPOConfig.max_failed_fraction must be in [0, 1), got {self.max_failed_fraction} "
                 "(a step in which every rollout failed has nothing to train on)"
             )
+        if self.share_prefix and (self.gradient_checkpointing or self.parallel == "fsdp"):
+            raise ConfigurationError(
+                "GRPOConfig.share_prefix cannot be combined with "
+                + ("gradient_checkpointing" if self.gradient_checkpointing else 'parallel="fsdp"')
+                + ": turn one of them off (share_prefix saves time, the other memory)"
+            )
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ConfigurationError(
@@ -165,13 +181,13 @@ class GRPOConfig:
     def settings(self) -> dict[str, Any]:
         """What a resumed run must share with the run it continues, by name: every setting but
         num_steps (a run may be extended), output_dir, metadata, gradient_checkpointing (memory
-        only), keep_step_samples (what is written, not what is trained), parallel (a run resumes
+        only), share_prefix (speed only), keep_step_samples (what is written, not what is trained), parallel (a run resumes
         at another world size or parallelism) and the callables (those are fingerprinted by
         identity: see `rollouts.training.checkpoints`). The LoRA settings are left out when LoRA
         is off, and dtype when it is fp32, so runs checkpointed before those settings existed
         still resume."""
         skip = {"num_steps", "output_dir", "prepare_messages", "metadata", "gradient_checkpointing"}
-        skip |= {"keep_step_samples", "parallel"}
+        skip |= {"keep_step_samples", "parallel", "share_prefix"}
         if self.lora_r == 0:
             skip |= {"lora_r", "lora_alpha", "lora_targets"}
         if self.dtype == "fp32":

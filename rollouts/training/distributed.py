@@ -301,19 +301,16 @@ def shared_columns(ids: Any, attn: Any) -> int:
     return min(int(torch.argmin(same.to(torch.int8))), int(ids.shape[1]) - 1)
 
 
-def selected_logits_module(model: Any, *, share_prefix: bool = True) -> Any:
+def selected_logits_module(model: Any, *, share_prefix: bool = False) -> Any:
     """A module whose forward(ids, attention_mask, rows, cols) gives the output layer's logits
     at positions (rows, cols) only — the training forward, as one module DDP / FSDP can wrap.
 
     With `share_prefix`, the columns all rows share (a GRPO group's prompt; a task's system prompt
     and worked examples) run once, for the first row, and the rest of every row attends to their
     keys and values, copied to each row: the same logits, to float rounding, and their gradient
-    flows back through the copies into the one shared pass. Not under gradient checkpointing
-    (which drops the cache the rows attend to) and not with `parallel="fsdp"`, in any number of
-    processes (`prepare_training` passes False: FSDP2 aborts when a sharded layer runs twice in
-    one forward, and a run must compute the same at every world size — rounding differences,
-    which Adam scales up where gradients are near zero, would otherwise tell a one-process run
-    from a two-process one)."""
+    flows back through the copies into the one shared pass (`GRPOConfig.share_prefix`). Whole
+    rows under gradient checkpointing (which drops the cache the rows attend to); never under
+    FSDP (FSDP2 aborts when a sharded layer runs twice in one forward)."""
     import torch
 
     class SelectedLogits(torch.nn.Module):
@@ -365,21 +362,22 @@ def _broadcast_start(model: Any, world: World) -> None:
             dist.broadcast(tensor, src=0)
 
 
-def prepare_training(model: Any, parallel: str, world: World) -> Prepared:
+def prepare_training(model: Any, parallel: str, world: World, *, share_prefix: bool = False) -> Prepared:
     """The training module over `model` (see `Prepared`). `parallel`: "ddp" all-reduces
     gradients (each rank holds the whole model and optimizer state), "fsdp" shards parameters,
     gradients and optimizer state over the ranks (`fully_shard` per decoder layer, then the rest)."""
     if parallel not in PARALLEL_CHOICES:
         raise ConfigurationError(f"parallel must be one of {', '.join(PARALLEL_CHOICES)}, got {parallel!r}")
     if not world.distributed:
-        return Prepared(selected_logits_module(model, share_prefix=parallel != "fsdp"), model, parallel, world)
+        return Prepared(selected_logits_module(model, share_prefix=share_prefix), model, parallel, world)
     _broadcast_start(model, world)
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
         dev = device(world)
         ids = [dev.index] if dev.type == "cuda" else None
-        wrapped = DistributedDataParallel(selected_logits_module(model), device_ids=ids, gradient_as_bucket_view=True)
+        module = selected_logits_module(model, share_prefix=share_prefix)
+        wrapped = DistributedDataParallel(module, device_ids=ids, gradient_as_bucket_view=True)
         return Prepared(wrapped, model, parallel, world)
     from torch.distributed.fsdp import fully_shard
 

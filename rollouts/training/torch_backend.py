@@ -96,6 +96,7 @@ class TorchBackend:
         weights_lock: Any = None,
         pad_id: int = 0,
         parallel: str = "ddp",
+        share_prefix: bool = False,
     ) -> None:
         if num_minibatches < 1:
             raise ValueError(f"TorchBackend: num_minibatches must be >= 1, got {num_minibatches}")
@@ -122,6 +123,9 @@ class TorchBackend:
         if parallel not in distributed.PARALLEL_CHOICES:
             raise ValueError(f"TorchBackend: parallel must be ddp or fsdp, got {parallel!r}")
         self.parallel = parallel  # used only under torchrun with more than one process
+        if share_prefix and parallel == "fsdp":
+            raise ValueError("TorchBackend: share_prefix cannot be combined with parallel='fsdp'")
+        self.share_prefix = share_prefix
         self.optimizer: Any = None
         self.device = next(model.parameters()).device
         self._prepared: distributed.Prepared | None = None
@@ -132,7 +136,9 @@ class TorchBackend:
         torch = _torch()
         if self._prepared is None:
             world = distributed.init_from_env()
-            self._prepared = distributed.prepare_training(self.model, self.parallel, world)
+            self._prepared = distributed.prepare_training(
+                self.model, self.parallel, world, share_prefix=self.share_prefix
+            )
         if self.optimizer is None:
             # lr is set by every train_step (the schedule is GRPOConfig's)
             self.optimizer = torch.optim.AdamW(
