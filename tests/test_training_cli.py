@@ -99,6 +99,11 @@ async def test_train_grpo_errors_name_the_flag(tmp_path: Path) -> None:
     assert code == 2 and "--model no/such/model" in err and "save_pretrained" in err
     code, _, err = await _cli(*base, "--model", "smollm2-135m", "--steps", "0", cwd=tmp_path)
     assert code == 2 and "--steps must be at least 1" in err
+    for other in (["--gradient-checkpointing"], ["--parallel", "fsdp"]):
+        code, _, err = await _cli(
+            *base, "--model", "smollm2-135m", "--steps", "1", "--share-prefix", *other, cwd=tmp_path
+        )
+        assert code == 2 and f"--share-prefix cannot be combined with {' '.join(other)}" in err
 
 
 async def test_defect5_cli_refuses_a_group_of_one_and_temperature_zero_naming_the_flag(tmp_path: Path) -> None:

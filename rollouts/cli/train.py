@@ -353,6 +353,9 @@ def _check_settings(args: argparse.Namespace) -> None:
             raise CLIError(f"--{given[0].replace('_', '-')} needs --heldout FILE (the rows to evaluate)")
     elif args.heldout_every is not None and args.heldout_every < 1:
         raise CLIError("--heldout-every must be at least 1 (steps between held-out evaluations)")
+    if args.share_prefix and (args.gradient_checkpointing or args.parallel == "fsdp"):
+        other = "--gradient-checkpointing" if args.gradient_checkpointing else "--parallel fsdp"
+        raise CLIError(f"--share-prefix cannot be combined with {other}: drop one (one saves time, the other memory)")
     if args.batch_size < args.nproc_per_node:
         raise CLIError(
             f"--batch-size {args.batch_size} is below --nproc-per-node {args.nproc_per_node}: each process rolls out "
