@@ -30,8 +30,12 @@ the equation form.)
    at all —, sampled at `--multiturn-temperature`. Held out: at least 16 episodes
    (`--heldout-multiturn`; 17 with the defaults), split off as above — no operand pair shared
    with training in either order, never the worked episode. Training reward
-   (`calculator_shaped`): 0.25 when the first call is add(a), 0.25 more when the second is then
-   add(b), 0.5 for success. The held-out
+   (`calculator_reached`, `--multiturn-reward reached`): 0.5 when the calculator ends at the sum,
+   0.5 more for success; `--multiturn-reward shaped` is the earlier `calculator_shaped` (0.25 when
+   the first call is add(a), 0.25 more when the second is then add(b), 0.5 for success), under
+   which every run stalled at add(a) followed by a wrong call. Defaults: 30 steps of 4 prompts x
+   16 rollouts (two training passes a step), temperature 0.7, lr 2e-5, 3 turns of at most 32
+   tokens, `share_prefix` (the worked episode runs once per pass). The held-out
    figure is strict success (`calculator_success`): complete_task called with the calculator at
    the sum and the sum reported, greedily, before training and every `--multiturn-heldout-every`
    steps during it (`grpo_train(..., heldout=HeldOut(...))`, so it is also in the run's
@@ -60,8 +64,11 @@ Last line: JSON with heldout_reward_before, heldout_reward_after, trl_heldout_re
 trl_heldout_reward_after, steps, sec_per_step, trl_sec_per_step, sec_per_step_ratio_to_trl,
 peak_rss_mb, multiturn_heldout_before, multiturn_heldout_after (strict success; they replace the
 partial-credit multiturn_reward_before/after of earlier versions), multiturn_heldout_curve
-([step, success] pairs, -1 before training), multiturn_sec_per_step, ddp2_sec_per_step, the
-reward curves and load_average (the machine's load when it ran).
+([step, success] pairs, -1 before training), multiturn_sec_per_step, the multi-turn settings
+(multiturn_reward, _temperature, _lr, _prompts_per_step, _group, _seed), ddp2_sec_per_step, the
+reward curves, load_average (the machine's load when it ran) and the process's peak RSS at the
+end (peak_rss_mb_with_trl, or peak_rss_mb_at_end with --skip-trl). The single-turn settings
+(steps, group, prompts_per_step, peak_rss_mb) appear only when the single-turn run ran.
 """
 
 from __future__ import annotations
@@ -449,7 +456,7 @@ async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, ou
         lr=args.multiturn_lr,
         lr_schedule=args.lr_schedule,
         checkpoint_every=10_000,
-        seed=args.seed,
+        seed=args.seed if args.multiturn_seed is None else args.multiturn_seed,
         prepare_messages=multiturn_messages,
         max_policy_lag=0,
         num_minibatches=args.multiturn_minibatches,
@@ -487,6 +494,7 @@ async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, ou
         "multiturn_lr": args.multiturn_lr,
         "multiturn_prompts_per_step": args.multiturn_prompts_per_step,
         "multiturn_group": args.multiturn_group,
+        "multiturn_seed": config.seed,
         "multiturn_rollouts_per_step": args.multiturn_prompts_per_step * args.multiturn_group,
         "multiturn_sec_per_step": sum(s.seconds for s in result.steps) / len(result.steps),
         "multiturn_reward_curve": [round(s.reward_mean, 4) for s in result.steps],
@@ -617,24 +625,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m", help="smollm2-135m (packaged), tiny (smoke test) or a path")
     parser.add_argument("--steps", type=int, default=25)
-    parser.add_argument("--multiturn-steps", type=int, default=4)
-    parser.add_argument("--multiturn-group", type=int, default=8)
+    parser.add_argument("--multiturn-steps", type=int, default=30)
+    parser.add_argument("--multiturn-group", type=int, default=16)
     parser.add_argument(
-        "--multiturn-minibatches", type=int, default=1, help="training passes per step (less memory, same update)"
+        "--multiturn-minibatches", type=int, default=2, help="training passes per step (less memory, same update)"
     )
     parser.add_argument("--multiturn-lr", type=float, default=2e-5)
     parser.add_argument("--multiturn-turns", type=int, default=3, help="model turns per calculator episode")
-    parser.add_argument("--multiturn-max-tokens", type=int, default=40, help="per model turn")
+    parser.add_argument(
+        "--multiturn-max-tokens", type=int, default=32, help="per model turn (a complete_task call is 22 tokens)"
+    )
     parser.add_argument(
         "--multiturn-reward",
         default="reached",
         choices=tuple(MULTITURN_REWARDS),
         help="training reward: reached (0.5 calculator at the sum + 0.5 success) or shaped (0.25 add a, 0.25 add b, 0.5 success)",
     )
-    parser.add_argument("--multiturn-heldout-every", type=int, default=2, help="steps between held-out evaluations")
+    parser.add_argument("--multiturn-heldout-every", type=int, default=6, help="steps between held-out evaluations")
+    parser.add_argument(
+        "--multiturn-seed",
+        type=int,
+        help="the multi-turn training's seed (prompt order, sampling; default --seed); the split stays --seed's",
+    )
     parser.add_argument("--multiturn-output", help="keep the multi-turn run (log.jsonl, checkpoint) in this directory")
     parser.add_argument("--prompts-per-step", type=int, default=4)
-    parser.add_argument("--multiturn-prompts-per-step", type=int, default=1)
+    parser.add_argument("--multiturn-prompts-per-step", type=int, default=4)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=6)
     parser.add_argument("--lr", type=float, default=2e-5)
@@ -682,6 +697,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def rounded(figures: dict[str, Any]) -> dict[str, Any]:
+    """Floats to 4 decimals, but learning rates (2e-5 would print as 0.0) as they are."""
+    return {k: round(v, 4) if isinstance(v, float) and not k.endswith("lr") else v for k, v in figures.items()}
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
@@ -690,14 +710,14 @@ def main() -> None:
         return
     if args.only:
         only = run_only(args)
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in only.items()}))
+        print(json.dumps(rounded(only)))
         return
     # first, before this process loads its model: the two processes' memory does not add to its own
     ddp2 = {} if args.skip_ddp2 else run_ddp2(sys.argv[1:])
     if args.only_ddp2:
         figures = {"model": args.model, "steps": args.steps, "group": args.group, **ddp2}
         figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in figures.items()}))
+        print(json.dumps(rounded(figures)))
         return
 
     t0 = time.perf_counter()
@@ -732,7 +752,7 @@ def main() -> None:
     result["load_s"] = round(load_s, 1)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     result["peak_rss_mb_at_end" if args.skip_trl else "peak_rss_mb_with_trl"] = round(peak_rss_mb(), 1)
-    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()}))
+    print(json.dumps(rounded(result)))
 
 
 if __name__ == "__main__":
