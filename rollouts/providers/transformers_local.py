@@ -14,9 +14,10 @@ Generation runs off the event loop: one engine per model and trio run (a system 
 every request waiting when the program has nothing else to do, sorts them, and decodes them as
 one left-padded batch with a KV cache, one worker-thread call per token (the prompts' common
 beginning — a GRPO group's shared prompt, an evaluation's system prompt and examples — runs
-once, its cache copied to every row); each token is streamed back to its request as it is sampled, through the OpenAI chat stream translator, so the events,
-the Message and tool calls written as text (`{"name": ..., "arguments": ...}`) are exactly those
-of an OpenAI-compatible server. Each request samples with its own torch generator, seeded from
+once, its cache copied to every row); each token is streamed back to its request as it is
+sampled, through the OpenAI chat stream translator, so the events, the Message and tool calls
+written as text (`{"name": ..., "arguments": ...}`) are exactly those of an OpenAI-compatible
+server. Each request samples with its own torch generator, seeded from
 `tito.call_seed`, so its tokens do not depend on what it was batched with. `temperature=0` is
 greedy; log-probs are those of the distribution sampled from (logits / temperature; at
 temperature 0, the untempered one).
@@ -122,7 +123,7 @@ def shared_prefix_length(prompts: list[list[int]]) -> int:
     n = 0
     while n < limit and all(p[n] == first[n] for p in prompts):
         n += 1
-    return max(n, 0)
+    return n
 
 
 class GenerationEngine:

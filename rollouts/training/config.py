@@ -181,8 +181,8 @@ class GRPOConfig:
     def settings(self) -> dict[str, Any]:
         """What a resumed run must share with the run it continues, by name: every setting but
         num_steps (a run may be extended), output_dir, metadata, gradient_checkpointing (memory
-        only), share_prefix (speed only), keep_step_samples (what is written, not what is trained), parallel (a run resumes
-        at another world size or parallelism) and the callables (those are fingerprinted by
+        only), share_prefix (speed only), keep_step_samples (what is written, not what is
+        trained), parallel (a run resumes at another world size or parallelism) and the callables (those are fingerprinted by
         identity: see `rollouts.training.checkpoints`). The LoRA settings are left out when LoRA
         is off, and dtype when it is fp32, so runs checkpointed before those settings existed
         still resume."""
