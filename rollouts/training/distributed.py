@@ -14,6 +14,9 @@ exchanges (rewards, token counts, metrics, the resume decision) are `all_reduce`
   with a bounded timeout, so a rank that stops answering ends the run with an error instead of
   a hang. A rank whose run raises posts its error to the rendezvous store (`report_failure`), and
   the others' collective then fails with `DistributedError` naming that rank and its error.
+  The group it joined is destroyed when the process exits (`_leave_at_exit`): a gloo group left
+  to the interpreter's finalisation aborts the process about half the time ("terminate called
+  without an active exception", exit -6) after a run that succeeded.
 * `prepare_training(model, parallel)`: the module a `TorchBackend` runs its training forward
   through (DDP over the model itself; FSDP2 over a sharded copy, the model staying a full replica
   for generation), after broadcasting rank 0's starting weights.
@@ -21,6 +24,7 @@ exchanges (rewards, token counts, metrics, the resume decision) are `all_reduce`
 
 from __future__ import annotations
 
+import atexit
 import copy
 import os
 import socket
@@ -45,6 +49,7 @@ TIMEOUT_ENV = "ROLLOUTS_DIST_TIMEOUT_S"
 _FAILED_KEY = "rollouts/failed/{rank}"
 _PROCESS_KEY = "rollouts/process/{rank}"
 _store: Any = None  # the rendezvous store, when this module initialised the group
+_failed = False  # this process reported an error or saw a collective fail: no orderly exit
 
 T = TypeVar("T")
 
@@ -143,8 +148,20 @@ def init_from_env() -> World:
     store.set_timeout(timeout)
     dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=size, timeout=timeout)
     _store = store
+    atexit.register(_leave_at_exit)
     store.set(_PROCESS_KEY.format(rank=rank), f"{socket.gethostname()}:{os.getpid()}")
     return World(rank, size, world.local_rank)
+
+
+def _leave_at_exit() -> None:
+    """Destroy the group `init_from_env` joined while the interpreter is still whole (an `atexit`
+    hook): gloo's worker threads otherwise still hold tensors when finalisation starts, and the
+    process aborts. Skipped after a failure (`_failed`): destroying a group whose peers are gone
+    or mid-collective can block (NCCL), and that process exits with an error anyway."""
+    dist = _dist()
+    if _failed or not dist.is_initialized():
+        return
+    dist.destroy_process_group()
 
 
 def device(world: World) -> Any:
@@ -160,8 +177,10 @@ def device(world: World) -> Any:
 def report_failure(world: World, error: BaseException) -> None:
     """Post this rank's error to the rendezvous store (best effort) so the ranks waiting for it
     can name it."""
+    global _failed
     if _store is None or not world.distributed:
         return
+    _failed = True
     try:
         _store.set(_FAILED_KEY.format(rank=world.rank), f"{type(error).__name__}: {error}"[:2000])
     except Exception:
@@ -223,11 +242,13 @@ def collective(world: World, what: str, *, only_if_a_peer_failed: bool = False) 
     `only_if_a_peer_failed`: for work that is not only communication (a training step, whose
     RuntimeError may be this rank's own, out of memory say), the error is left as it is unless
     another rank is known to have failed."""
+    global _failed
     try:
         yield
     except RuntimeError as e:
         if not world.distributed:
             raise
+        _failed = True
         reported = _failed_ranks(world)
         if only_if_a_peer_failed and not reported:
             raise
