@@ -97,7 +97,7 @@ from rollouts.eval.sample import Metric, Sample, Score
 from rollouts.providers.tito import set_sampling_seed
 from rollouts.providers.transformers_local import register_transformers_model
 from rollouts.run_config import RunConfig
-from rollouts.training import GRPOConfig, HeldOut, evaluate_heldout, grpo_train, load_causal_lm, local_policy
+from rollouts.training import GRPOConfig, HeldOut, grpo_train, load_causal_lm, local_policy
 from rollouts.training.tiny import tiny_chat_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -464,12 +464,11 @@ async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, ou
     )
     backend, policy = local_policy(model, tokenizer, config, name="bench-multiturn")
     heldout = HeldOut(held, calculator_success, every=args.multiturn_heldout_every)
-    t0 = time.perf_counter()
-    before = (await evaluate_heldout(heldout, policy, config, AddCalculator)).reward
-    print(f"multi-turn: held-out success before {before:.3f} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr)
 
     def show(r: Any) -> None:
         held_out = f" held-out {r.metrics['heldout_reward']:.3f}" if "heldout_reward" in r.metrics else ""
+        if "heldout_reward_start" in r.metrics:  # evaluated before the first update (HeldOut.at_start)
+            held_out += f" (before training {r.metrics['heldout_reward_start']:.3f})"
         print(f"multi-turn: step {r.step} reward {r.reward_mean:.3f}{held_out} {r.seconds:.1f}s", file=sys.stderr)
 
     result = await grpo_train(
@@ -483,6 +482,7 @@ async def run_multiturn(model: Any, tokenizer: Any, args: argparse.Namespace, ou
         heldout=heldout,
     )
     curve = [(s.step, round(s.metrics["heldout_reward"], 4)) for s in result.steps if "heldout_reward" in s.metrics]
+    before = result.steps[0].metrics["heldout_reward_start"]
     return {
         "multiturn_heldout_before": before,
         "multiturn_heldout_after": curve[-1][1],

@@ -211,6 +211,9 @@ async def test_train_grpo_heldout_logs_heldout_reward_every_checkpoint_by_defaul
     assert "step 2/3  reward" in err and "heldout 0.583" in err and err.count("heldout 0.583") == 2
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["heldout_reward_last"] == pytest.approx(0.5833333)
+    # and once before the first update (the scripted score does not depend on the reply)
+    assert log[0]["heldout_reward_start"] == pytest.approx(0.5833333) and "heldout at start 0.583" in err
+    assert summary["heldout_reward_start"] == pytest.approx(0.5833333)
 
     # a resume may add or change the held-out set (it changes no weight): a .csv, every step,
     # scored by --score
@@ -223,7 +226,8 @@ async def test_train_grpo_heldout_logs_heldout_reward_every_checkpoint_by_defaul
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log] == [0, 1, 2, 3]
     assert 0.0 <= log[3]["heldout_reward"] <= 1.0 and log[3]["heldout_failed"] == 0.0
-    assert "warning" not in err
+    assert "warning" not in err and "heldout at start" not in err  # the resume did not evaluate it again
+    assert json.loads(out.strip().splitlines()[-1])["heldout_reward_start"] is None
 
 
 async def test_train_grpo_heldout_errors_name_the_file_and_line(tmp_path: Path) -> None:

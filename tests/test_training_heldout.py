@@ -78,8 +78,51 @@ async def test_heldout_reward_is_logged_every_k_steps_and_after_the_last(tmp_pat
             assert entry["heldout_reward"] == pytest.approx(0.625)  # the mean of the rows' scripted scores
             assert entry["heldout_failed"] == 0.0 and entry["heldout_seconds"] > 0
         else:
-            assert not any(k.startswith("heldout") for k in entry)
+            assert not any(k.startswith("heldout") and not k.endswith("_start") for k in entry)
+    # and once before the first update, in step 0's line (HeldOut.at_start)
+    assert [e["step"] for e in log if any(k.endswith("_start") for k in e)] == [0]
+    assert log[0]["heldout_reward_start"] == pytest.approx(0.625) and log[0]["heldout_failed_start"] == 0.0
     assert [s.step for s in result.steps if "heldout_reward" in s.metrics] == [1, 3, 4]
+
+
+async def test_the_figure_before_training_is_the_untrained_policys_and_a_resume_does_not_redo_it(
+    tmp_path: Path,
+) -> None:
+    scored: list[str] = []
+
+    def reply_code(sample: Sample) -> Score:  # a number that changes with the reply's characters
+        scored.append(sample.response)
+        return Score((Metric("code", sum(map(ord, sample.response)) % 97 / 97, weight=1.0),))
+
+    model, tokenizer = tiny_chat_model(seed=0)
+    config = _config(tmp_path, num_steps=2, checkpoint_every=1, lr=1e-1)
+    backend, policy = local_policy(model, tokenizer, config, name="tiny-heldout-start")
+    before = await evaluate_heldout(HeldOut(HELDOUT, reply_code), policy, config)
+    scored.clear()
+    heldout = HeldOut(HELDOUT, reply_code, every=2)
+    await grpo_train(config, PROMPTS, sevens, backend=backend, inference=policy, heldout=heldout)
+    log = _log(tmp_path)
+    assert log[0]["heldout_reward_start"] == pytest.approx(before.reward)
+    assert len(scored) == 2 * len(HELDOUT)  # before the first update, and after step 1
+    assert sorted(scored[:2]) == sorted(s.response for s in before.samples)  # the untrained policy's replies
+    assert log[1]["heldout_reward"] != pytest.approx(before.reward)  # lr 0.1 moved the greedy replies
+    # extended by a step: resumes after step 1 and evaluates only after the new last step
+    scored.clear()
+    model, tokenizer = tiny_chat_model(seed=0)
+    config = _config(tmp_path, num_steps=3, checkpoint_every=1, lr=1e-1)
+    backend, policy = local_policy(model, tokenizer, config, name="tiny-heldout-start-2")
+    result = await grpo_train(config, PROMPTS, sevens, backend=backend, inference=policy, heldout=heldout)
+    assert result.resumed_from == 1 and len(scored) == len(HELDOUT)
+    resumed = _log(tmp_path)
+    assert resumed[:2] == log and not any(k.endswith("_start") for k in resumed[2])
+    # at_start=False: no figure before training
+    model, tokenizer = tiny_chat_model(seed=0)
+    config = _config(tmp_path / "off", num_steps=1)
+    backend, policy = local_policy(model, tokenizer, config, name="tiny-heldout-start-off")
+    await grpo_train(
+        config, PROMPTS, sevens, backend=backend, inference=policy, heldout=HeldOut(HELDOUT, sevens, at_start=False)
+    )
+    assert not any(k.endswith("_start") for k in _log(tmp_path / "off")[0])
 
 
 async def test_heldout_evaluation_leaves_the_trained_weights_and_rollouts_unchanged(tmp_path: Path) -> None:

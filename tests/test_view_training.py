@@ -117,17 +117,22 @@ async def test_a_held_out_curve_is_drawn_when_the_log_has_one(
     for i, e in enumerate(lines):
         if i % 2 == 0:
             e["heldout_reward"] = 0.25 + i / 10  # (what a held-out evaluation adds, on the steps it runs)
+    lines[0]["heldout_reward_start"] = 0.125  # (and before the first update, HeldOut.at_start)
     (run / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines) + '{"step": 9, "rew')  # torn tail
     catalog = FilesCatalog([run], cache_dir=tmp_path / "cache")
     await catalog.index_once()
     (row,) = await catalog.list_training_runs()
-    assert row.steps == STEPS and row.heldout_last == 0.25 + 2 / 10
+    assert row.steps == STEPS and (row.heldout_start, row.heldout_last) == (0.125, 0.25 + 2 / 10)
+    d = await catalog.get_training_run(row.run_id)
+    assert d.series("heldout_reward") == [(-1.0, 0.125), (0.0, 0.25), (2.0, 0.45)]  # start drawn at step -1
+    assert d.series("kl")[0][0] == 0.0
     url = (await nursery.start(serve, create_app(catalog))).rstrip("/")
     async with httpx2.AsyncClient(base_url=url, timeout=30) as client:
         page = (await client.get(f"/training/{row.run_id}")).text
         main = page[page.index('id="curves"') : page.index("more curves")]
         assert main.count('class="line"') == 5  # reward, held-out, KL, loss, seconds per step
-        assert main.count("<circle") == 3 + 2 + 3 + 3 + 3  # held-out: the two steps that have it
+        assert main.count("<circle") == 3 + 3 + 3 + 3 + 3  # held-out: the start and the two steps that have it
+        assert 'held-out 0.125 → <b data-field="heldout_last">0.450</b>' in page
         assert "No held-out evaluations" not in page
         assert (await client.get("/training/nope")).status_code == 404
         assert [r["name"] for r in (await client.get("/api/training")).json()] == ["with-heldout"]

@@ -238,6 +238,7 @@ def _progress_line(result: Any, total: int) -> str:
         f"step {result.step + 1}/{total}  reward {result.reward_mean:.3f}  loss {m.get('loss', 0.0):+.4f}  "
         f"kl {m.get('kl', 0.0):.4f}  entropy {m.get('entropy', 0.0):.3f}  "
         f"{result.model_tokens / result.seconds if result.seconds else 0:.0f} tok/s  {result.seconds:.1f}s"
+        + (f"  heldout at start {m['heldout_reward_start']:.3f}" if "heldout_reward_start" in m else "")
         + (f"  heldout {m['heldout_reward']:.3f}" if "heldout_reward" in m else "")
     )
 
@@ -477,6 +478,8 @@ def _train(args: argparse.Namespace, main_rank: bool) -> int:
         "resumed_from_step": result.resumed_from + 1 if result.resumed_from is not None else None,
         "reward_first": result.steps[0].reward_mean if result.steps else None,
         "reward_last": last.reward_mean if last else None,
+        # before the first update: only when this call started the run (a resume did not redo it)
+        "heldout_reward_start": result.steps[0].metrics.get("heldout_reward_start") if result.steps else None,
         "heldout_reward_last": last.metrics.get("heldout_reward") if last and heldout else None,
         "final_weights": str(final),
     }

@@ -22,7 +22,8 @@ Each step:
    atomically (`rollouts.training.checkpoints`); with `keep_step_samples`, the step's rollouts
    go to `<output_dir>/steps/step_NNNNNN/` (an eval output directory the viewer links from the step);
    with `heldout`, every `heldout.every` steps the line also has the policy's greedy reward on
-   rows it never trains on (`heldout_reward`, `rollouts.training.heldout`).
+   rows it never trains on (`heldout_reward`, `rollouts.training.heldout`), and step 0's line
+   the same before any update (`heldout_reward_start`).
 
 Under `torchrun` with N processes (`rollouts.training.distributed`; the backend joins the process
 group in `initialize`) every rank runs this same loop on the same prompt list: each rolls out its
@@ -79,7 +80,7 @@ from rollouts.training.distributed import (
     current_world,
     report_failure,
 )
-from rollouts.training.heldout import HeldOut, heldout_metrics
+from rollouts.training.heldout import HeldOut, heldout_metrics, heldout_start_metrics
 from rollouts.training.overlap import open_rollout_scheduler, overlaps_after
 from rollouts.training.sample import TrainingSample, with_group_advantages
 
@@ -242,6 +243,11 @@ async def _train(run: _Run, on_step: OnStep | None) -> GRPOResult:
         truncate_log(out / LOG_FILE, start - 1)
     results: list[StepResult] = []
     version = served = start  # training steps applied to the trainer's / the served weights
+    before: dict[str, float] = {}  # the held-out figure before any update, for step 0's line
+    if start == 0:
+        if world.is_main:  # rank 0 evaluates the held-out rows; the others wait for it
+            before = await heldout_start_metrics(run.heldout, run.inference, config, run.environment_factory)
+        before = broadcast(world, before, "receiving the held-out result before training")
 
     async def generate(step: int) -> list[Sample]:
         return await _rollout_batch(run, step)
@@ -277,7 +283,7 @@ async def _train(run: _Run, on_step: OnStep | None) -> GRPOResult:
             if world.is_main:  # rank 0 evaluates the held-out rows; the others wait for it
                 extra = await heldout_metrics(run.heldout, step, run.inference, config, run.environment_factory)
             extra = broadcast(world, extra, f"receiving step {step}'s held-out result")
-            result = replace(result, metrics={**result.metrics, **extra})
+            result = replace(result, metrics={**result.metrics, **extra, **(before if step == 0 else {})})
             if world.is_main:
                 _append_line(out / LOG_FILE, json.dumps(result.to_dict()))
             if (step + 1) % config.checkpoint_every == 0 or step == config.num_steps - 1:

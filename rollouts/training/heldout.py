@@ -12,6 +12,11 @@ and `heldout_seconds`. The score may differ from the training reward: train on a
 report the strict one. The evaluation draws nothing from the training's random state (greedy
 decoding; each row's sampling seed is set in its own task) and its time is not in the step's
 `seconds`, so a run gives the same weights with it or without it.
+
+With `at_start` (the default) a fresh run also evaluates the rows once before its first update;
+step 0's line then has that figure as `heldout_reward_start` (and `heldout_failed_start`,
+`heldout_seconds_start`): the run's "before" next to every `heldout_reward` "after". A resumed
+run does not evaluate it again (its step 0 line has it).
 """
 
 from __future__ import annotations
@@ -38,12 +43,14 @@ class HeldOut:
     rows: the held-out dataset rows (dicts, as `grpo_train`'s prompts).
     score_fn: the held-out measure (any `evaluate()` score function).
     every: evaluate after every `every`-th step (and after the last step).
+    at_start: also evaluate before the first update of a fresh run (`heldout_reward_start`).
     environment_factory / prepare_messages / max_tokens / max_turns: as in training when None.
     """
 
     rows: Sequence[Mapping[str, Any]]
     score_fn: ScoreFn
     every: int = 1
+    at_start: bool = True
     environment_factory: EnvironmentFactory | None = None
     prepare_messages: PrepareMessages | None = None
     max_tokens: int | None = None
@@ -126,3 +133,17 @@ async def heldout_metrics(
         return {}
     result = await evaluate_heldout(heldout, inference, config, environment_factory, name=f"grpo-heldout-{step}")
     return result.metrics()
+
+
+async def heldout_start_metrics(
+    heldout: HeldOut | None,
+    inference: InferenceBackend,
+    config: GRPOConfig,
+    environment_factory: EnvironmentFactory | None,
+) -> dict[str, float]:
+    """The held-out keys, suffixed `_start`, of the policy before any update (for step 0's log
+    line): empty without `heldout` or with `heldout.at_start` off."""
+    if heldout is None or not heldout.at_start:
+        return {}
+    result = await evaluate_heldout(heldout, inference, config, environment_factory, name="grpo-heldout-start")
+    return {f"{key}_start": value for key, value in result.metrics().items()}

@@ -300,6 +300,7 @@ class TrainingRunRow:
     last_step: int | None = None
     reward_first: float | None = None
     reward_last: float | None = None
+    heldout_start: float | None = None  # before the first update (step 0's heldout_reward_start)
     heldout_last: float | None = None
     checkpoints: int = 0
     updated_at: str = ""
@@ -313,8 +314,13 @@ class TrainingRunDetail:
     keys: tuple[str, ...]  # every number a step of the log has, in first-seen order
 
     def series(self, key: str) -> list[tuple[float, float]]:
-        """(step, value) of every step that has `key`."""
-        return [(float(s.step), s.values[key]) for s in self.steps if key in s.values]
+        """(step, value) of every step that has `key`; first, at step -1, step 0's `key`_start
+        when it has one (the figure before the first update: `heldout_reward_start`)."""
+        points = [(float(s.step), s.values[key]) for s in self.steps if key in s.values]
+        first = self.steps[0] if self.steps else None
+        if first is not None and first.step == 0 and f"{key}_start" in first.values:
+            points.insert(0, (-1.0, first.values[f"{key}_start"]))
+        return points
 
 
 # --------------------------------------------------------------------------------------------
