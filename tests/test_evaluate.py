@@ -572,7 +572,9 @@ async def test_default_prepare_messages_reads_prompt_question_or_messages() -> N
     report = await evaluate(rows, EvalConfig(endpoint=model.endpoint, show_progress=False))
     assert [s.response for s in report.samples[:3]] == ["|p", "sys|q", "s2|m"]
     assert report.samples[3].status == "failed"
-    assert "set EvalConfig.prepare_messages" in (report.samples[3].error or "")
+    error = report.samples[3].error or ""
+    assert "'input' field, or your own row -> messages function (--prepare MODULE:FUNCTION" in error
+    assert "prepare_messages= in EvalConfig or GRPOConfig" in error
 
 
 def test_config_validation_names_the_field() -> None:

@@ -45,8 +45,9 @@ def default_prepare_messages(row: Row) -> list[Message]:
             out.append(Message("user", row[key]))
             return out
     raise ConfigurationError(
-        f"cannot build messages from a row with keys {sorted(row)}: give it a 'messages', 'prompt' or "
-        "'question' field, or set EvalConfig.prepare_messages"
+        f"cannot build messages from a row with keys {sorted(row)}: give it a 'messages', 'prompt', "
+        "'question' or 'input' field, or your own row -> messages function (--prepare MODULE:FUNCTION on "
+        "the command line; prepare_messages= in EvalConfig or GRPOConfig)"
     )
 
 
