@@ -42,6 +42,7 @@ from rollouts.errors import ConfigurationError, ContextTooLongError
 from rollouts.events import LLMCallStart, OnChunk, StreamEvent, StreamStart
 from rollouts.providers._aggregate import MessageBuilder, append_assistant
 from rollouts.providers._chat_format import ChatStreamTranslator
+from rollouts.providers._kv_cache import cache_of, with_cache
 from rollouts.providers.tito import call_seed, next_prompt_ids
 
 
@@ -270,7 +271,7 @@ class GenerationEngine:
             use_cache=True,
             logits_to_keep=1,  # the output layer only where a token is sampled
         )
-        return out.logits[:, -1, :].float().cpu(), mask, positions[:, -1], out.past_key_values
+        return out.logits[:, -1, :].float().cpu(), mask, positions[:, -1], cache_of(out)
 
     def _prefill_shared(self, requests: list[_Request], shared: int) -> tuple[Any, Any, Any, Any]:
         """The prompts' common first `shared` tokens run once (a GRPO group's samples, an
@@ -280,7 +281,7 @@ class GenerationEngine:
         it would alone (to float rounding)."""
         torch = self._torch
         head = torch.tensor([requests[0].prompt_ids[:shared]], dtype=torch.long, device=self._device)
-        cache = self.model(input_ids=head, use_cache=True, logits_to_keep=1).past_key_values
+        cache = cache_of(self.model(input_ids=head, use_cache=True, logits_to_keep=1))
         cache.batch_repeat_interleave(len(requests))
         width = max(len(r.prompt_ids) for r in requests) - shared
         ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
@@ -296,11 +297,11 @@ class GenerationEngine:
             input_ids=ids.to(self._device),
             attention_mask=mask.to(self._device),
             position_ids=positions.to(self._device),
-            past_key_values=cache,
+            **with_cache(cache),
             use_cache=True,
             logits_to_keep=1,
         )
-        return out.logits[:, -1, :].float().cpu(), mask, positions[:, -1], out.past_key_values
+        return out.logits[:, -1, :].float().cpu(), mask, positions[:, -1], cache_of(out)
 
     def _step(self, batch: _Batch) -> tuple[list[tuple[int, Any]], bool]:
         """Sample one token per live row, then run the model on them. Returns the items to
@@ -339,10 +340,10 @@ class GenerationEngine:
                 input_ids=next_ids[:, None].to(self._device),
                 attention_mask=batch.attention.to(self._device),
                 position_ids=batch.positions[:, None].to(self._device),
-                past_key_values=batch.cache,
+                **with_cache(batch.cache),
                 use_cache=True,
             )
-        batch.cache = out.past_key_values
+        batch.cache = cache_of(out)
         batch.logits = out.logits[:, -1, :].float().cpu()
         return emitted, False
 

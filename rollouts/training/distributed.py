@@ -334,6 +334,8 @@ def selected_logits_module(model: Any, *, share_prefix: bool = False) -> Any:
     FSDP (FSDP2 aborts when a sharded layer runs twice in one forward)."""
     import torch
 
+    from rollouts.providers._kv_cache import cache_of, with_cache
+
     class SelectedLogits(torch.nn.Module):
         def __init__(self, inner: Any) -> None:
             super().__init__()
@@ -344,10 +346,10 @@ def selected_logits_module(model: Any, *, share_prefix: bool = False) -> Any:
             shared = shared_columns(ids, attn) if share_prefix and ids.shape[0] > 1 else 0
             if shared >= MIN_SHARED_COLUMNS and not _checkpointing(decoder):
                 head = decoder(input_ids=ids[:1, :shared], use_cache=True)
-                cache = head.past_key_values
+                cache = cache_of(head)
                 cache.batch_repeat_interleave(int(ids.shape[0]))
                 rest = decoder(
-                    input_ids=ids[:, shared:], attention_mask=attn, past_key_values=cache, use_cache=True
+                    input_ids=ids[:, shared:], attention_mask=attn, **with_cache(cache), use_cache=True
                 ).last_hidden_state
                 first = head.last_hidden_state.expand(int(ids.shape[0]), -1, -1)
                 hidden = torch.cat([first, rest], dim=1)
