@@ -421,11 +421,13 @@ def test_cli_lora_in_two_fsdp2_processes_with_overlap_and_heldout_trains_the_ada
         [*cli_task, *args, "--output", "two", "--nproc-per-node", "2", "--parallel", "fsdp"], cwd=tmp_path
     )
     assert code == 0, output[-3000:]
-    assert output.count("  heldout ") == 1  # rank 0 alone evaluates and speaks, after the last step
+    # rank 0 alone evaluates and speaks: before the first update, and after the last step
+    assert output.count("  heldout at start ") == 1 and len(re.findall(r"  heldout \d", output)) == 1
     one, two = _log(tmp_path / "one"), _log(tmp_path / "two")
     assert [e["step"] for e in two] == [0, 1, 2] and [e["policy_lag"] for e in two] == [0, 1, 1]
     assert [e["reward_mean"] for e in two] == [e["reward_mean"] for e in one]
     assert [e["step"] for e in two if "heldout_reward" in e] == [2]
+    assert two[0]["heldout_reward_start"] == pytest.approx(one[0]["heldout_reward_start"])
     assert two[2]["heldout_reward"] == pytest.approx(one[2]["heldout_reward"]) and one[2]["heldout_reward"] > 0
     from safetensors.torch import load_file
 
