@@ -147,12 +147,12 @@ async def test_a_grpo_step_with_share_prefix_computes_the_step_without_it(
 def test_the_kv_cache_keyword_follows_the_installed_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
     import transformers
 
-    from rollouts.providers import _kv_cache
+    from rollouts.providers import kv_cache
 
     for version, keyword in (("5.23.0", "past_key_values"), ("5.24.0.dev0", "cache"), ("5.40.1", "cache")):
         monkeypatch.setattr(transformers, "__version__", version)
-        _kv_cache.cache_keyword.cache_clear()
-        assert _kv_cache.with_cache("kv") == {keyword: "kv"}
-    _kv_cache.cache_keyword.cache_clear()  # (the installed version again for the other tests)
+        kv_cache.cache_keyword.cache_clear()
+        assert kv_cache.with_cache("kv") == {keyword: "kv"}
+    kv_cache.cache_keyword.cache_clear()  # (the installed version again for the other tests)
     monkeypatch.undo()
-    assert _kv_cache.cache_keyword() == "cache"  # 5.24 is what the test command installs
+    assert kv_cache.cache_keyword() == "cache"  # 5.24 is what the test command installs

@@ -42,7 +42,7 @@ from rollouts.errors import ConfigurationError, ContextTooLongError
 from rollouts.events import LLMCallStart, OnChunk, StreamEvent, StreamStart
 from rollouts.providers._aggregate import MessageBuilder, append_assistant
 from rollouts.providers._chat_format import ChatStreamTranslator
-from rollouts.providers._kv_cache import cache_of, with_cache
+from rollouts.providers.kv_cache import cache_of, with_cache
 from rollouts.providers.tito import call_seed, next_prompt_ids
 
 

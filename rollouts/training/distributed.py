@@ -334,7 +334,7 @@ def selected_logits_module(model: Any, *, share_prefix: bool = False) -> Any:
     FSDP (FSDP2 aborts when a sharded layer runs twice in one forward)."""
     import torch
 
-    from rollouts.providers._kv_cache import cache_of, with_cache
+    from rollouts.providers.kv_cache import cache_of, with_cache
 
     class SelectedLogits(torch.nn.Module):
         def __init__(self, inner: Any) -> None:
