@@ -135,6 +135,7 @@ async def test_a_held_out_curve_is_drawn_when_the_log_has_one(
         assert 'held-out 0.125 → <b data-field="heldout_last">0.450</b>' in page
         assert "No held-out evaluations" not in page
         assert (await client.get("/training/nope")).status_code == 404
+        assert "0.125 → <b>0.450</b>" in (await client.get("/training")).text  # the runs list
         assert [r["name"] for r in (await client.get("/api/training")).json()] == ["with-heldout"]
     files = await write_bundle(catalog, tmp_path / "bundle")
     assert tmp_path / "bundle" / "training" / f"{row.run_id}.html" in files
