@@ -351,11 +351,15 @@ def selected_logits_module(model: Any, *, share_prefix: bool = False) -> Any:
                 rest = decoder(
                     input_ids=ids[:, shared:], attention_mask=attn, **with_cache(cache), use_cache=True
                 ).last_hidden_state
-                first = head.last_hidden_state.expand(int(ids.shape[0]), -1, -1)
-                hidden = torch.cat([first, rest], dim=1)
+                # the selected positions' hidden states, from the shared pass or the row's rest
+                # (no copy of the shared part per row)
+                in_head = (cols < shared)[:, None]
+                first = head.last_hidden_state[0, cols.clamp(max=shared - 1)]
+                picked = torch.where(in_head, first, rest[rows, (cols - shared).clamp(min=0)])
             else:
                 hidden = decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-            return self.model.get_output_embeddings()(hidden[rows, cols]).float()
+                picked = hidden[rows, cols]
+            return self.model.get_output_embeddings()(picked).float()
 
     return SelectedLogits(model)
 
